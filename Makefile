@@ -1,0 +1,39 @@
+# hvdkit: `make run` sets up and runs the demo; `make test` sets up and runs every test.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STACK := hvdkit/build/stack-cpu.txt
+STAMP := $(VENV)/.hvdkit-stack
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast doctor clean
+
+setup: $(STAMP)
+	$(BIN)/hvdkit build-horovod --frameworks torch,tensorflow --controllers gloo,mpi
+
+$(STAMP): $(STACK) setup.cfg pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	  echo "error: $(PYTHON) not found. hvdkit's stack is pinned for Python 3.11."; \
+	  echo "Fix: install Python 3.11 (apt-get install python3.11-venv, or pyenv install 3.11)"; \
+	  echo "     or point at one: make setup PYTHON=/path/to/python3.11"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	  echo "error: $(PYTHON) is not Python 3.11; the pinned wheels need 3.11."; \
+	  echo "Fix: make setup PYTHON=/path/to/python3.11"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(STACK) -e .
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/horovodrun -np 2 -H localhost:2 --gloo $(BIN)/python examples/smoke_allreduce.py
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+doctor: setup
+	$(BIN)/hvdkit doctor
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+from hvdkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""``hvdkit doctor``: environment checks and the allreduce worker they launch."""

@@ -1,0 +1,183 @@
+"""The checks of ``hvdkit doctor``: versions, Horovod's build matrix, GPUs, and a real
+2-process allreduce per built framework and controller. Each yields one :class:`Check`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvdkit import __version__
+from hvdkit.build.builder import MARKER
+from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
+from hvdkit.doctor.worker import PREFIX
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
+REBUILD = "hvdkit build-horovod --force (or `make setup` in an hvdkit checkout)"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report; ``fix`` is printed under a failure."""
+
+    status: str
+    name: str
+    detail: str
+    fix: str = ""
+
+    def render(self) -> str:
+        line = f"{self.status}  {self.name}: {self.detail}"
+        return line + (f"\n      fix: {self.fix}" if self.fix and self.status == FAIL else "")
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _keras_backend() -> str:
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"] + " (KERAS_BACKEND)"
+    config = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "keras.json"
+    try:
+        return json.loads(config.read_text())["backend"] + f" ({config})"
+    except (OSError, ValueError, KeyError):
+        return "tensorflow (default)"
+
+
+def _mpi_version() -> str | None:
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        return None
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout.strip().splitlines() or ["mpirun (unknown version)"])[0]
+
+
+def version_checks() -> Iterator[Check]:
+    """Python, hvdkit, Horovod, the frameworks, Keras and MPI."""
+    yield Check(PASS, "Python", f"{platform.python_version()} ({sys.executable})")
+    yield Check(PASS, "hvdkit", __version__)
+    horovod = _version("horovod")
+    yield (Check(PASS, "Horovod", horovod) if horovod else
+           Check(FAIL, "Horovod", "not installed", "hvdkit build-horovod (or `make setup`)"))
+    for dist, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")):
+        version = _version(dist, f"{dist}-cpu")
+        yield Check(PASS, name, version) if version else Check(SKIP, name, "not installed")
+    keras = _version("keras")
+    yield (Check(PASS, "Keras", f"{keras}, backend {_keras_backend()}") if keras
+           else Check(SKIP, "Keras", "not installed"))
+    mpi = _mpi_version()
+    yield Check(PASS, "MPI", mpi) if mpi else Check(SKIP, "MPI", "mpirun not found")
+
+
+def build_checks() -> tuple[list[Check], BuildMatrix | None]:
+    """Horovod's build matrix, and whether it was built for the frameworks now installed."""
+    if _version("horovod") is None:
+        return [], None
+    try:
+        matrix = read_matrix()
+    except MatrixError as exc:
+        return [Check(FAIL, "Horovod build", f"cannot load Horovod: {exc}", REBUILD)], None
+    checks = [Check(PASS, "Horovod build", matrix.describe())]
+    built_for = _built_for()
+    for dist, name in FRAMEWORK_NAMES.items():
+        installed = _version(dist, f"{dist}-cpu")
+        if installed and not matrix.frameworks.get(dist):
+            checks.append(Check(FAIL, f"Horovod for {name}", f"{name} {installed} is installed "
+                                "but Horovod was built without it", REBUILD))
+        elif dist in built_for and built_for[dist] != installed:
+            checks.append(Check(FAIL, f"Horovod for {name}", f"built against {name} "
+                                f"{built_for[dist]}, but {installed} is installed", REBUILD))
+    mpi_missing = matrix.controllers.get("mpi") and not shutil.which("mpirun")
+    if mpi_missing:
+        checks.append(Check(FAIL, "MPI runtime", "Horovod was built with MPI but mpirun is "
+                            "not on PATH", "apt-get install -y openmpi-bin (or add MPI to PATH)"))
+    return checks, matrix
+
+
+def _built_for() -> dict[str, str]:
+    try:
+        inputs = json.loads(MARKER.read_text()).get("inputs", {})
+    except (OSError, ValueError):
+        return {}
+    return {k: inputs[k] for k in FRAMEWORK_NAMES if k in inputs}
+
+
+def gpu_check() -> Check:
+    """GPUs visible to this process (nvidia-smi)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return Check(PASS, "GPUs", "none visible (nvidia-smi not found): CPU-only runs")
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    if out.returncode != 0:
+        return Check(FAIL, "GPUs", f"nvidia-smi failed: {out.stderr.strip()[:200]}",
+                     "check the NVIDIA driver (nvidia-smi must work)")
+    return Check(PASS, "GPUs", f"{len(gpus)} visible: " + "; ".join(gpus) if gpus else "none")
+
+
+def _horovodrun() -> str | None:
+    local = Path(sys.executable).parent / "horovodrun"
+    return str(local) if local.exists() else shutil.which("horovodrun")
+
+
+CONTROLLER_FIX = {
+    "gloo": "Gloo rendezvous on localhost failed: check that `localhost` resolves to 127.0.0.1 "
+            "and that no firewall blocks loopback ports; try HOROVOD_GLOO_IFACE=lo",
+    "mpi": "mpirun failed: check `mpirun -np 2 hostname` works; in containers set "
+           "OMPI_MCA_btl_vader_single_copy_mechanism=none; see the output above",
+}
+
+
+def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float = 180) -> Check:
+    """A real ``horovodrun -np 2`` allreduce + broadcast on localhost."""
+    name = f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}"
+    horovodrun = _horovodrun()
+    if horovodrun is None:
+        return Check(FAIL, name, "horovodrun not found", "hvdkit build-horovod")
+    argv = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
+            sys.executable, "-m", "hvdkit.doctor.worker", framework]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                             stdin=subprocess.DEVNULL)
+        text = out.stdout + out.stderr
+        code = out.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, code = f"timed out after {timeout:.0f} s: {exc.stdout or ''}", -1
+    results = re.findall(rf"{PREFIX} {framework} rank (\d+)/(\d+) (\w+)", text)
+    oks = {int(rank) for rank, _, status in results if status == "ok"}
+    if code == 0 and oks == set(range(np)):
+        return Check(PASS, name, f"{np} ranks, sum and broadcast correct")
+    wrong = [line for line in text.splitlines() if PREFIX in line and "WRONG" in line]
+    if wrong:
+        return Check(FAIL, name, f"wrong result: {wrong[0].strip()}",
+                     "Horovod computed a wrong value: rebuild it (" + REBUILD + ")")
+    tail = " | ".join(line.strip() for line in text.strip().splitlines()[-4:])
+    return Check(FAIL, name, f"exit {code}, ranks ok: {sorted(oks)}; {tail[-600:]}",
+                 CONTROLLER_FIX[controller])
+
+
+def allreduce_checks(matrix: BuildMatrix) -> Iterator[Check]:
+    """One allreduce per framework and controller that Horovod was built with."""
+    for framework in FRAMEWORK_NAMES:
+        for controller in ("gloo", "mpi"):
+            if not matrix.frameworks.get(framework):
+                continue
+            if not matrix.controllers.get(controller):
+                yield Check(SKIP, f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}",
+                            f"Horovod was built without {controller}")
+                continue
+            yield allreduce_check(framework, controller)

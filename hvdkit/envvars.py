@@ -1,0 +1,11 @@
+"""Every environment variable hvdkit reads, in one place."""
+
+CACHE_DIR = "HVDKIT_CACHE_DIR"
+"""Root of hvdkit's caches (default ``$XDG_CACHE_HOME/hvdkit`` or ``~/.cache/hvdkit``)."""
+
+BUILD_JOBS = "HVDKIT_BUILD_JOBS"
+"""Parallel compile jobs for the Horovod build (default: from cores and memory)."""
+
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
+CXX = "CXX"
+CUDA_HOME = "CUDA_HOME"
