@@ -77,6 +77,7 @@ def test_non_root_gets_one_paragraph_naming_packages():
     text = str(problem)
     assert "not running as root" in text
     assert "sudo apt-get install -y libhighwayhash-dev libfarmhash-dev openmpi-bin" in text
+    assert "--controllers gloo" in text
 
 
 def test_missing_framework_and_compiler_are_reported():

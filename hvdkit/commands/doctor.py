@@ -14,6 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-allreduce", dest="allreduce", action="store_false",
                         help="skip the 2-process allreduce runs")
+    parser.add_argument("--network-interface", metavar="IF", default=None,
+                        help="network interface for the allreduce runs (horovodrun's flag)")
     parser.set_defaults(func=doctor_command)
 
 
@@ -33,7 +35,7 @@ def doctor_command(args: argparse.Namespace) -> int:
         emit(check)
     emit(checks.gpu_check())
     if matrix is not None and args.allreduce:
-        for check in checks.allreduce_checks(matrix):
+        for check in checks.allreduce_checks(matrix, args.network_interface):
             emit(check)
     failed = [c for c in results if c.status == FAIL]
     print(f"\n{len(results) - len(failed)} checks passed, {len(failed)} failed"

@@ -142,14 +142,17 @@ CONTROLLER_FIX = {
 }
 
 
-def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float = 180) -> Check:
+def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float = 180,
+                    network_interface: str | None = None) -> Check:
     """A real ``horovodrun -np 2`` allreduce + broadcast on localhost."""
     name = f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}"
     horovodrun = _horovodrun()
     if horovodrun is None:
         return Check(FAIL, name, "horovodrun not found", "hvdkit build-horovod")
-    argv = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
-            sys.executable, "-m", "hvdkit.doctor.worker", framework]
+    argv = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]
+    if network_interface:
+        argv += ["--network-interface", network_interface]
+    argv += [sys.executable, "-m", "hvdkit.doctor.worker", framework]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
                              stdin=subprocess.DEVNULL)
@@ -170,7 +173,8 @@ def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float
                  CONTROLLER_FIX[controller])
 
 
-def allreduce_checks(matrix: BuildMatrix) -> Iterator[Check]:
+def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None
+                     ) -> Iterator[Check]:
     """One allreduce per framework and controller that Horovod was built with."""
     for framework in FRAMEWORK_NAMES:
         for controller in ("gloo", "mpi"):
@@ -180,4 +184,4 @@ def allreduce_checks(matrix: BuildMatrix) -> Iterator[Check]:
                 yield Check(SKIP, f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}",
                             f"Horovod was built without {controller}")
                 continue
-            yield allreduce_check(framework, controller)
+            yield allreduce_check(framework, controller, network_interface=network_interface)

@@ -1,0 +1,118 @@
+"""What must be on the machine before Horovod can compile, and what to say when it is not.
+
+Pure functions of :class:`BuildEnv`: each problem is one paragraph that names the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvdkit.build.config import BuildConfig, BuildEnv
+from hvdkit.build.remedies import Remedy
+
+STACK_FILE = "hvdkit/build/stack-cpu.txt"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A missing prerequisite: what is wrong, and the command or flag that fixes it."""
+
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.what}\n  Fix: {self.fix}"
+
+
+def missing_system_packages(env: BuildEnv, remedies: list[Remedy]) -> list[str]:
+    """Debian packages the chosen remedies need that are not installed yet."""
+    present = set()
+    if env.system_highwayhash:
+        present.add("libhighwayhash-dev")
+    if env.system_farmhash:
+        present.add("libfarmhash-dev")
+    wanted: list[str] = []
+    for remedy in remedies:
+        wanted += [p for p in remedy.system_packages if p not in present and p not in wanted]
+    if env.compiler is None:
+        wanted.append("g++")
+    if not env.python_headers:
+        wanted.append("python3-dev")
+    return wanted
+
+
+def find_problems(env: BuildEnv, cfg: BuildConfig, packages_to_install: list[str]) -> list[Problem]:
+    """Everything that would make the build fail, given that ``packages_to_install`` are
+    still missing (empty when they were installed or can be)."""
+    problems: list[Problem] = []
+    if packages_to_install:
+        why = (
+            "hvdkit is not running as root"
+            if not env.is_root
+            else ("apt-get is not available" if not env.has_apt else "--system-deps check was given")
+        )
+        problems.append(
+            Problem(
+                f"The Horovod build needs these system packages, which are missing: "
+                f"{' '.join(packages_to_install)}. They cannot be installed because {why}.",
+                f"sudo apt-get install -y {' '.join(packages_to_install)} (Debian/Ubuntu), then "
+                "run the build again; or run `sudo make setup` / `sudo hvdkit build-horovod`"
+                " so hvdkit installs them itself."
+                + (" To build without MPI instead: --controllers gloo."
+                   if "libopenmpi-dev" in packages_to_install else ""),
+            )
+        )
+    if env.compiler is None and "g++" not in packages_to_install:
+        problems.append(
+            Problem(
+                "No C++ compiler found (looked at $CXX, c++ and g++). Horovod is C++ and is "
+                "compiled on install.",
+                "apt-get install -y g++ (Debian/Ubuntu), or set CXX=/path/to/g++.",
+            )
+        )
+    for name in cfg.frameworks:
+        if not env.has_framework(name):
+            pretty = {"torch": "PyTorch", "tensorflow": "TensorFlow"}[name]
+            problems.append(
+                Problem(
+                    f"--frameworks includes {name}, but {pretty} is not installed in this "
+                    f"Python ({env.python_version}). Horovod is built against the installed "
+                    "framework, so it must come first.",
+                    f"pip install the pinned versions from {STACK_FILE} (or your own), or "
+                    f"leave {name} out of --frameworks.",
+                )
+            )
+    if cfg.gpu_operations == "NCCL":
+        problems += _gpu_problems(env, cfg)
+    return problems
+
+
+def _gpu_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
+    problems = []
+    if env.cuda_home is None:
+        problems.append(
+            Problem(
+                "--gpu-operations NCCL needs the CUDA toolkit (nvcc), which was not found in "
+                "$CUDA_HOME, /usr/local/cuda or on PATH.",
+                "install the CUDA toolkit that matches your PyTorch CUDA build and set "
+                "CUDA_HOME, or build for CPU by leaving out --gpu-operations.",
+            )
+        )
+    if env.nccl_lib_dir is None:
+        problems.append(
+            Problem(
+                "--gpu-operations NCCL needs NCCL, and no nvidia-nccl wheel or system NCCL "
+                "was found.",
+                "pip install nvidia-nccl-cu13 (or -cu12, matching your CUDA), or set "
+                "HOROVOD_NCCL_HOME to an NCCL install.",
+            )
+        )
+    if not (cfg.cuda_arch_list or env.gpu_compute_capabilities):
+        problems.append(
+            Problem(
+                "No GPU is visible here, so hvdkit cannot tell which CUDA architectures to "
+                "compile for (Horovod's default list includes ones CUDA >= 12 rejects).",
+                "give them explicitly, e.g. --cuda-arch 80,90 for A100 and H100.",
+            )
+        )
+    return problems

@@ -1,0 +1,180 @@
+"""Look at the machine: framework, compiler, CMake, MPI, CUDA and NCCL versions.
+
+Frameworks are found through package metadata and file paths, never imported, so probing
+takes well under a second even with TensorFlow installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from hvdkit import envvars
+from hvdkit.build.config import BuildEnv
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout + out.stderr if out.returncode == 0 else None
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _package_dir(module: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def tool_path(name: str) -> str | None:
+    """``name`` from this Python's bin directory first (a virtualenv's CMake), then PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    return shutil.which(name)
+
+
+def _compiler() -> tuple[str | None, str | None, str | None]:
+    candidates = [os.environ.get(envvars.CXX), "c++", "g++", "clang++"]
+    for cand in filter(None, candidates):
+        path = shutil.which(cand)
+        if not path:
+            continue
+        text = _run([path, "--version"]) or ""
+        ident = "clang" if "clang" in text.lower() else "gcc"
+        version = (_run([path, "-dumpfullversion", "-dumpversion"]) or "").strip() or None
+        return path, ident, version
+    return None, None, None
+
+
+def _cmake() -> tuple[str | None, str | None]:
+    path = tool_path("cmake")
+    if path is None:
+        return None, None
+    match = re.search(r"version\s+([\d.]+)", _run([path, "--version"]) or "")
+    return path, match.group(1) if match else None
+
+
+def _mpi() -> tuple[str | None, str | None, str | None]:
+    mpirun = shutil.which("mpirun")
+    mpicxx = shutil.which("mpicxx")
+    if not mpirun or not mpicxx:
+        return None, None, None
+    text = _run([mpirun, "--version"]) or ""
+    if match := re.search(r"Open MPI\)?\s+([\d.]+)", text):
+        return "openmpi", match.group(1), mpicxx
+    if match := re.search(r"Version:\s+([\d.]+)", text):
+        return "mpich", match.group(1), mpicxx
+    return "unknown", None, mpicxx
+
+
+def _cuda() -> tuple[str | None, str | None]:
+    candidates = [os.environ.get(envvars.CUDA_HOME), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for home in filter(None, candidates):
+        nvcc_path = Path(home) / "bin" / "nvcc"
+        if nvcc_path.exists():
+            match = re.search(r"release\s+([\d.]+)", _run([str(nvcc_path), "--version"]) or "")
+            return home, match.group(1) if match else None
+    return None, None
+
+
+def _nccl() -> tuple[str | None, str | None, str | None]:
+    version = _dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+    base = _package_dir("nvidia")
+    if version is None or base is None:
+        return None, None, None
+    nccl = base / "nccl"
+    return version, str(nccl / "lib"), str(nccl / "include")
+
+
+def _gpu_capabilities() -> tuple[str, ...]:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ()
+    text = _run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"]) or ""
+    caps = {line.strip().replace(".", "") for line in text.splitlines() if line.strip()}
+    return tuple(sorted(caps))
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return 4.0
+
+
+def probe() -> BuildEnv:
+    """Everything the build decisions depend on, for the running Python."""
+    tf_dir = _package_dir("tensorflow")
+    tf_include = tf_dir / "include" if tf_dir else None
+    tf_version = _dist_version("tensorflow", "tensorflow-cpu", "tensorflow-gpu")
+    if tf_version is None or tf_include is None or not tf_include.is_dir():
+        tf_version, tf_include = None, None
+    compiler, compiler_id, compiler_version = _compiler()
+    cmake, cmake_version = _cmake()
+    mpi_impl, mpi_version, mpicxx = _mpi()
+    cuda_home, cuda_version = _cuda()
+    nccl_version, nccl_lib, nccl_include = _nccl()
+
+    def tf_has(rel: str) -> bool:
+        return tf_include is not None and (tf_include / rel).exists()
+
+    include_dir = Path(sysconfig.get_paths()["include"])
+    return BuildEnv(
+        python_version=platform.python_version(),
+        python_tag=f"cp{sys.version_info.major}{sys.version_info.minor}",
+        platform=f"{sys.platform}-{platform.machine()}",
+        torch_version=_dist_version("torch"),
+        tensorflow_version=tf_version,
+        tf_include_dir=str(tf_include) if tf_include else None,
+        tf_has_highwayhash=tf_has("highwayhash/arch_specific.h"),
+        tf_has_farmhash=tf_has("farmhash.h"),
+        tf_has_legacy_xla_builder=tf_has("tensorflow/compiler/xla/client/xla_builder.h"),
+        tf_has_moved_xla_builder=tf_has("xla/hlo/builder/xla_builder.h"),
+        system_highwayhash=Path("/usr/include/highwayhash/arch_specific.h").exists(),
+        system_farmhash=Path("/usr/include/farmhash.h").exists(),
+        compiler=compiler,
+        compiler_id=compiler_id,
+        compiler_version=compiler_version,
+        cmake=cmake,
+        cmake_version=cmake_version,
+        mpi_implementation=mpi_impl,
+        mpi_version=mpi_version,
+        mpicxx=mpicxx,
+        cuda_home=cuda_home,
+        cuda_version=cuda_version,
+        nccl_version=nccl_version,
+        nccl_lib_dir=nccl_lib,
+        nccl_include_dir=nccl_include,
+        gpu_compute_capabilities=_gpu_capabilities(),
+        cpu_count=len(os.sched_getaffinity(0)),
+        memory_gib=_memory_gib(),
+        is_root=os.geteuid() == 0,
+        has_apt=shutil.which("apt-get") is not None,
+        python_headers=(include_dir / "Python.h").exists(),
+    )

@@ -1,0 +1,114 @@
+"""Turn chosen remedies into a concrete build: environment, compiler wrapper, extra headers.
+
+:func:`make_recipe` is pure (it only computes paths and text); :meth:`Recipe.materialize`
+writes the files into a scratch directory that lives only as long as the build.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvdkit import envvars
+from hvdkit.build.config import BuildConfig, BuildEnv
+from hvdkit.build.remedies import Remedy
+
+_OLD_STANDARDS = ("c++11", "c++14", "gnu++11", "gnu++14")
+GIB_PER_JOB = 3.0
+"""TensorFlow's translation units peak near 2-3 GiB each in cc1plus."""
+
+
+def compile_jobs(env: BuildEnv, cfg: BuildConfig, environ: dict[str, str]) -> int:
+    """Parallel jobs: asked for, else as many as both cores and memory allow."""
+    if cfg.jobs:
+        return cfg.jobs
+    if environ.get(envvars.BUILD_JOBS, "").isdigit():
+        return max(1, int(environ[envvars.BUILD_JOBS]))
+    return max(1, min(env.cpu_count, int(env.memory_gib // GIB_PER_JOB)))
+
+
+def wrapper_script(real_compiler: str, cxx_std: str | None, force_includes: tuple[str, ...]) -> str:
+    """A POSIX sh compiler wrapper: rewrites old -std flags and force-includes headers."""
+    lines = ["#!/bin/sh", "# Written by hvdkit build-horovod; see hvdkit/build/remedies.py.", ""]
+    if cxx_std:
+        cases = "|".join(f"-std={s}" for s in _OLD_STANDARDS)
+        lines += [
+            "for arg; do",
+            "  shift",
+            f'  case "$arg" in {cases}) set -- "$@" -std={cxx_std} ;;',
+            '    *) set -- "$@" "$arg" ;;',
+            "  esac",
+            "done",
+        ]
+    argv = [shlex.quote(real_compiler)] + [f"-include {shlex.quote(h)}" for h in force_includes]
+    lines.append(f'exec {" ".join(argv)} "$@"')
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Recipe:
+    """The files and environment of one build, relative to a scratch directory."""
+
+    env: dict[str, str]
+    files: dict[str, str] = field(default_factory=dict)
+    executables: tuple[str, ...] = ()
+    symlinks: dict[str, str] = field(default_factory=dict)
+
+    def materialize(self, workdir: Path) -> dict[str, str]:
+        """Write the files and links under ``workdir``; return the build environment."""
+        for rel, text in self.files.items():
+            path = workdir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if rel in self.executables:
+                path.chmod(0o755)
+        for rel, target in self.symlinks.items():
+            path = workdir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.symlink_to(target)
+        return {k: v.replace("{workdir}", str(workdir)) for k, v in self.env.items()}
+
+
+def make_recipe(
+    env: BuildEnv, cfg: BuildConfig, remedies: list[Remedy], environ: dict[str, str]
+) -> Recipe:
+    """The build for ``cfg`` on ``env`` with ``remedies`` applied. ``{workdir}`` in values
+    stands for the scratch directory."""
+    build_env = {
+        "HOROVOD_WITHOUT_MXNET": "1",
+        "MAKEFLAGS": f"-j{compile_jobs(env, cfg, environ)}",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", "")]),
+    }
+    for name, flag in (("torch", "PYTORCH"), ("tensorflow", "TENSORFLOW")):
+        build_env[f"HOROVOD_WITH{'' if name in cfg.frameworks else 'OUT'}_{flag}"] = "1"
+    for name in ("gloo", "mpi"):
+        build_env[f"HOROVOD_WITH{'' if name in cfg.controllers else 'OUT'}_{name.upper()}"] = "1"
+    if env.cmake:
+        build_env["HOROVOD_CMAKE"] = env.cmake
+    recipe = Recipe(env=build_env)
+    cxx_std = next((r.cxx_std for r in remedies if r.cxx_std), None)
+    includes = tuple(h for r in remedies for h in r.force_includes)
+    if (cxx_std or includes) and env.compiler:
+        recipe.files["bin/c++"] = wrapper_script(env.compiler, cxx_std, includes)
+        recipe.executables += ("bin/c++",)
+        build_env["CXX"] = "{workdir}/bin/c++"
+    forwards = [pair for r in remedies for pair in r.forward_headers]
+    for rel, target in forwards:
+        recipe.files[f"include/{rel}"] = f'#include "{target}"\n'
+    if forwards:
+        build_env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(
+            filter(None, ["{workdir}/include", environ.get("CPLUS_INCLUDE_PATH")])
+        )
+    for remedy in remedies:
+        build_env.update(remedy.env)
+    if cfg.gpu_operations == "NCCL" and env.nccl_lib_dir and env.nccl_include_dir:
+        # The nvidia-nccl wheel ships only libnccl.so.2; the linker wants libnccl.so.
+        recipe.symlinks["nccl/include"] = env.nccl_include_dir
+        recipe.symlinks["nccl/lib/libnccl.so"] = f"{env.nccl_lib_dir}/libnccl.so.2"
+        recipe.symlinks["nccl/lib/libnccl.so.2"] = f"{env.nccl_lib_dir}/libnccl.so.2"
+        build_env["HOROVOD_NCCL_HOME"] = "{workdir}/nccl"
+        build_env["HOROVOD_NCCL_LINK"] = "SHARED"
+    return recipe

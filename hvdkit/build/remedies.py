@@ -1,0 +1,226 @@
+"""Which fixes a Horovod build needs on this machine: a pure function of :class:`BuildEnv`.
+
+Every remedy answers one failure measured on today's toolchain (see the README's
+troubleshooting table, generated from :data:`KNOWN_FAILURES`). Remedies are chosen only when
+the probed versions call for them, so a machine that does not need a fix does not get it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from hvdkit.build.config import BuildConfig, BuildEnv
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A build error seen in the wild: how to recognise it in a log and what fixes it."""
+
+    key: str
+    pattern: str
+    symptom: str
+    cause: str
+    fix: str
+
+    def matches(self, line: str) -> bool:
+        return re.search(self.pattern, line) is not None
+
+
+KNOWN_FAILURES: tuple[KnownFailure, ...] = (
+    KnownFailure(
+        "cmake-policy",
+        r"Compatibility with CMake < 3\.5 has been removed",
+        "Compatibility with CMake < 3.5 has been removed from CMake",
+        "CMake >= 4 rejects Gloo's old cmake_minimum_required",
+        "hvdkit sets CMAKE_POLICY_VERSION_MINIMUM=3.5 when CMake >= 4; by hand, export it "
+        "or point HOROVOD_CMAKE at a CMake 3.x",
+    ),
+    KnownFailure(
+        "cxx17",
+        r"C\+\+17 or later compatible compiler is required",
+        "#error C++17 or later compatible compiler is required to use PyTorch",
+        "Horovod 0.28.1 compiles its PyTorch extension as C++14; PyTorch >= 2.1 needs C++17",
+        "hvdkit builds through a compiler wrapper that turns -std=c++11/14 into -std=c++17",
+    ),
+    KnownFailure(
+        "build-isolation",
+        r"No module named '(packaging|torch|tensorflow)'",
+        "No module named 'packaging' / torch not found during the build",
+        "pip's build isolation hides the installed frameworks from Horovod's setup.py",
+        "install the frameworks first, then build with pip --no-build-isolation "
+        "(hvdkit always does)",
+    ),
+    KnownFailure(
+        "gcc13-includes",
+        r"'(string|runtime_error|invalid_argument)' (in namespace 'std' )?does not name a type|"
+        r"'std::(string|runtime_error)' has not been declared",
+        "'string' in namespace 'std' does not name a type (group_table.h)",
+        "gcc >= 13 no longer includes <string>/<stdexcept> transitively",
+        "hvdkit force-includes <string> and <stdexcept> when the compiler is gcc >= 13",
+    ),
+    KnownFailure(
+        "tf-hash-headers",
+        r"(highwayhash/[a-z_]+\.h|farmhash\.h): No such file",
+        "highwayhash/arch_specific.h: No such file, then farmhash.h: No such file",
+        "TensorFlow's wheel ships headers that include highwayhash and farmhash, but not them",
+        "install Debian's libhighwayhash-dev and libfarmhash-dev (hvdkit does so as root)",
+    ),
+    KnownFailure(
+        "xla-builder-header",
+        r"tensorflow/compiler/xla/client/xla_builder\.h: No such file",
+        "tensorflow/compiler/xla/client/xla_builder.h: No such file (xla_mpi_ops.cc)",
+        "XLA moved the header to xla/hlo/builder/xla_builder.h",
+        "hvdkit puts a one-line forwarding header on the include path",
+    ),
+    KnownFailure(
+        "setup-requires",
+        r"(Could not find a version that satisfies the requirement cffi|"
+        r"No matching distribution found for cffi)",
+        "setup fails fetching cffi>=1.4.0 without internet",
+        "Horovod's setup.py lists cffi in setup_requires",
+        "hvdkit installs cffi (and Horovod's runtime dependencies) before building",
+    ),
+    KnownFailure(
+        "out-of-memory",
+        r"(Killed signal terminated program cc1plus|internal compiler error: Killed)",
+        "c++: fatal error: Killed signal terminated program cc1plus",
+        "too many parallel compile jobs for the memory (TensorFlow units take ~2-3 GiB each)",
+        "lower the parallelism: hvdkit build-horovod --jobs 1 (or HVDKIT_BUILD_JOBS=1)",
+    ),
+)
+
+BUILD_REQUIREMENTS = ("cffi", "packaging", "pyyaml", "cloudpickle", "psutil", "setuptools", "wheel")
+"""Installed before the build (setup_requires and runtime deps that --no-deps leaves out)."""
+
+MPI_PACKAGES = ("openmpi-bin", "libopenmpi-dev")
+TF_HASH_PACKAGES = ("libhighwayhash-dev", "libfarmhash-dev")
+GPU_GCC = "13"
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One fix applied to the build, with the reason it was chosen for this machine."""
+
+    key: str
+    reason: str
+    env: dict[str, str] = field(default_factory=dict)
+    cxx_std: str | None = None
+    force_includes: tuple[str, ...] = ()
+    forward_headers: tuple[tuple[str, str], ...] = ()
+    system_packages: tuple[str, ...] = ()
+    pip_packages: tuple[str, ...] = ()
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"2.13.0+cpu"`` -> ``(2, 13, 0)``: the leading numeric release components."""
+    match = re.match(r"\d+(\.\d+)*", version.strip())
+    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+
+
+def _at_least(version: str | None, minimum: str) -> bool:
+    return version is not None and version_tuple(version) >= version_tuple(minimum)
+
+
+def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
+    """The remedies this machine needs to build ``cfg``, in the order they are applied."""
+    plan: list[Remedy] = [
+        Remedy(
+            "build-isolation",
+            "always: Horovod compiles against the installed frameworks, which pip's build "
+            "isolation would hide",
+            pip_packages=BUILD_REQUIREMENTS,
+        )
+    ]
+    if env.cmake is None:
+        plan.append(
+            Remedy(
+                "cmake-policy",
+                "no CMake found: installing CMake from PyPI (4.x), which needs the policy floor",
+                env={"CMAKE_POLICY_VERSION_MINIMUM": "3.5"},
+                pip_packages=("cmake",),
+            )
+        )
+    elif _at_least(env.cmake_version, "4"):
+        plan.append(
+            Remedy(
+                "cmake-policy",
+                f"CMake {env.cmake_version} >= 4 rejects Gloo's cmake_minimum_required",
+                env={"CMAKE_POLICY_VERSION_MINIMUM": "3.5"},
+            )
+        )
+    if "torch" in cfg.frameworks and _at_least(env.torch_version, "2.1"):
+        plan.append(
+            Remedy(
+                "cxx17",
+                f"PyTorch {env.torch_version} >= 2.1 needs C++17; Horovod asks for C++14",
+                cxx_std="c++17",
+            )
+        )
+    if env.compiler_id == "gcc" and _at_least(env.compiler_version, GPU_GCC):
+        plan.append(
+            Remedy(
+                "gcc13-includes",
+                f"gcc {env.compiler_version} >= 13 no longer includes <string>/<stdexcept> "
+                "transitively",
+                force_includes=("string", "stdexcept"),
+            )
+        )
+    if "tensorflow" in cfg.frameworks and env.tensorflow_version is not None:
+        missing = not (env.tf_has_highwayhash and env.tf_has_farmhash)
+        if missing:
+            plan.append(
+                Remedy(
+                    "tf-hash-headers",
+                    f"TensorFlow {env.tensorflow_version}'s headers include highwayhash and "
+                    "farmhash but its wheel does not ship them",
+                    system_packages=TF_HASH_PACKAGES,
+                )
+            )
+        if not env.tf_has_legacy_xla_builder and env.tf_has_moved_xla_builder:
+            plan.append(
+                Remedy(
+                    "xla-builder-header",
+                    f"TensorFlow {env.tensorflow_version} moved xla_builder.h to "
+                    "xla/hlo/builder/",
+                    forward_headers=(
+                        (
+                            "tensorflow/compiler/xla/client/xla_builder.h",
+                            "xla/hlo/builder/xla_builder.h",
+                        ),
+                    ),
+                )
+            )
+    if "mpi" in cfg.controllers and env.mpi_implementation is None:
+        plan.append(
+            Remedy(
+                "mpi",
+                "MPI controller requested and no MPI found: installing Open MPI",
+                system_packages=MPI_PACKAGES,
+            )
+        )
+    if cfg.gpu_operations == "NCCL":
+        plan.append(_nccl_remedy(env, cfg))
+    return plan
+
+
+def _nccl_remedy(env: BuildEnv, cfg: BuildConfig) -> Remedy:
+    archs = cfg.cuda_arch_list or env.gpu_compute_capabilities
+    gpu_env = {"HOROVOD_GPU_OPERATIONS": "NCCL"}
+    if archs:
+        # Horovod's default arch list starts at sm_35, which CUDA >= 12 cannot compile.
+        gpu_env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(archs)
+    if env.cuda_home:
+        gpu_env["HOROVOD_CUDA_HOME"] = env.cuda_home
+    reason = f"NCCL build for compute capabilities {','.join(archs) or '(none found)'}"
+    if env.nccl_lib_dir:
+        reason += f"; NCCL {env.nccl_version} from the nvidia-nccl wheel (libnccl.so link added)"
+    return Remedy("nccl", reason, env=gpu_env)
+
+
+def first_known_failure(line: str) -> KnownFailure | None:
+    """The known failure a log line shows, if any."""
+    for failure in KNOWN_FAILURES:
+        if failure.matches(line):
+            return failure
+    return None
