@@ -17,6 +17,9 @@ local = torch.tensor([shard.sum().item(), float(shard.numel())], dtype=torch.flo
 total = hvd.allreduce(local, op=hvd.Sum, name="smoke")
 global_mean = (total[0] / total[1]).item()
 assert abs(global_mean - data.mean().item()) < 1e-9, (global_mean, data.mean().item())
-print(f"rank {hvd.rank()}/{hvd.size()}: local mean {shard.mean().item():.2f}, "
-      f"global mean {global_mean:.2f} (expected {data.mean().item():.2f})", flush=True)
+print(
+    f"rank {hvd.rank()}/{hvd.size()}: local mean {shard.mean().item():.2f}, "
+    f"global mean {global_mean:.2f} (expected {data.mean().item():.2f})",
+    flush=True,
+)
 hvd.shutdown()

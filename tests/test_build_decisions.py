@@ -22,7 +22,11 @@ def keys(env: BuildEnv, cfg: BuildConfig = CFG) -> list[str]:
 
 def test_todays_stack_gets_every_cpu_remedy():
     assert keys(TODAY) == [
-        "build-isolation", "cmake-policy", "cxx17", "tf-hash-headers", "xla-builder-header"
+        "build-isolation",
+        "cmake-policy",
+        "cxx17",
+        "tf-hash-headers",
+        "xla-builder-header",
     ]
 
 
@@ -50,21 +54,27 @@ def test_framework_remedies_only_for_requested_frameworks():
 
 
 def test_missing_cmake_installs_pip_cmake_with_policy():
-    remedy = next(r for r in plan_remedies(dataclasses.replace(TODAY, cmake=None), CFG)
-                  if r.key == "cmake-policy")
+    remedy = next(
+        r
+        for r in plan_remedies(dataclasses.replace(TODAY, cmake=None), CFG)
+        if r.key == "cmake-policy"
+    )
     assert remedy.pip_packages == ("cmake",)
     assert remedy.env == {"CMAKE_POLICY_VERSION_MINIMUM": "3.5"}
 
 
 def test_system_packages_only_those_missing():
     assert missing_system_packages(TODAY, plan_remedies(TODAY, CFG)) == [
-        "libhighwayhash-dev", "libfarmhash-dev"
+        "libhighwayhash-dev",
+        "libfarmhash-dev",
     ]
     present = dataclasses.replace(TODAY, system_highwayhash=True, system_farmhash=True)
     assert missing_system_packages(present, plan_remedies(present, CFG)) == []
     no_mpi = dataclasses.replace(present, mpi_implementation=None, compiler=None)
     assert missing_system_packages(no_mpi, plan_remedies(no_mpi, CFG)) == [
-        "openmpi-bin", "libopenmpi-dev", "g++"
+        "openmpi-bin",
+        "libopenmpi-dev",
+        "g++",
     ]
     gloo_only = BuildConfig(controllers=("gloo",), cache_dir=Path("/c"))
     assert missing_system_packages(no_mpi, plan_remedies(no_mpi, gloo_only)) == ["g++"]
@@ -91,10 +101,16 @@ def test_gpu_build_needs_cuda_nccl_and_arch():
     gpu = BuildConfig(gpu_operations="NCCL", cache_dir=Path("/c"))
     text = "\n".join(map(str, find_problems(TODAY, gpu, [])))
     assert "CUDA toolkit" in text and "nvidia-nccl" in text and "--cuda-arch" in text
-    env = dataclasses.replace(TODAY, cuda_home="/usr/local/cuda", cuda_version="13.0",
-                              nccl_version="2.28.3", nccl_lib_dir="/n/lib",
-                              nccl_include_dir="/n/include", gpu_compute_capabilities=("90",),
-                              compiler_version="13.3.0")
+    env = dataclasses.replace(
+        TODAY,
+        cuda_home="/usr/local/cuda",
+        cuda_version="13.0",
+        nccl_version="2.28.3",
+        nccl_lib_dir="/n/lib",
+        nccl_include_dir="/n/include",
+        gpu_compute_capabilities=("90",),
+        compiler_version="13.3.0",
+    )
     assert find_problems(env, gpu, []) == []
     nccl = next(r for r in plan_remedies(env, gpu) if r.key == "nccl")
     assert nccl.env["HOROVOD_GPU_OPERATIONS"] == "NCCL"
@@ -118,15 +134,20 @@ def test_cache_key_changes_with_binary_inputs_only():
     ):
         assert cache_key(dataclasses.replace(TODAY, **change), CFG) != base, change
     # Things that do not change the compiled wheel do not invalidate it.
-    for same in ({"cpu_count": 16}, {"memory_gib": 128.0}, {"cmake_version": "3.31.0"},
-                 {"is_root": False}):
+    for same in (
+        {"cpu_count": 16},
+        {"memory_gib": 128.0},
+        {"cmake_version": "3.31.0"},
+        {"is_root": False},
+    ):
         assert cache_key(dataclasses.replace(TODAY, **same), CFG) == base, same
     assert cache_key(TODAY, BuildConfig(cache_dir=Path("/elsewhere"))) == base
     torch_only = BuildConfig(frameworks=("torch",), cache_dir=Path("/c"))
     assert cache_key(TODAY, torch_only) != base
     # A torch-only wheel does not depend on the TensorFlow version.
-    assert cache_key(dataclasses.replace(TODAY, tensorflow_version="2.20.0"), torch_only) == \
-        cache_key(TODAY, torch_only)
+    assert cache_key(
+        dataclasses.replace(TODAY, tensorflow_version="2.20.0"), torch_only
+    ) == cache_key(TODAY, torch_only)
     gpu = BuildConfig(gpu_operations="NCCL", cuda_arch_list=("90",), cache_dir=Path("/c"))
     gpu2 = BuildConfig(gpu_operations="NCCL", cuda_arch_list=("80",), cache_dir=Path("/c"))
     assert cache_key(TODAY, gpu) != cache_key(TODAY, gpu2) != base

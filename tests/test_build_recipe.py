@@ -8,12 +8,13 @@ import json
 import subprocess
 from pathlib import Path
 
+from stacks import TODAY
+
 from hvdkit.build.cache import WheelCache
 from hvdkit.build.config import BuildConfig
 from hvdkit.build.logscan import first_error, summarize_failure
 from hvdkit.build.recipe import compile_jobs, make_recipe, wrapper_script
 from hvdkit.build.remedies import plan_remedies
-from stacks import TODAY
 
 
 def _fake_compiler(tmp_path: Path) -> Path:
@@ -30,8 +31,15 @@ def test_wrapper_rewrites_old_standards_and_keeps_other_args(tmp_path):
     args = ["-std=c++11", "-O3", "-std=gnu++14", "-DX=a b", "-std=c++20", "-c", "x.cc"]
     out = subprocess.run([str(wrapper), *args], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
-        "-include", "string", "-std=c++17", "-O3", "-std=c++17", "-DX=a b", "-std=c++20",
-        "-c", "x.cc",
+        "-include",
+        "string",
+        "-std=c++17",
+        "-O3",
+        "-std=c++17",
+        "-DX=a b",
+        "-std=c++20",
+        "-c",
+        "x.cc",
     ]
 
 
@@ -66,9 +74,14 @@ def test_nccl_links_make_libnccl_so(tmp_path):
     (wheel / "lib").mkdir(parents=True)
     (wheel / "include").mkdir()
     (wheel / "lib/libnccl.so.2").write_text("lib")
-    env = dataclasses.replace(TODAY, nccl_lib_dir=str(wheel / "lib"),
-                              nccl_include_dir=str(wheel / "include"), nccl_version="2.28.3",
-                              cuda_home="/usr/local/cuda", gpu_compute_capabilities=("90",))
+    env = dataclasses.replace(
+        TODAY,
+        nccl_lib_dir=str(wheel / "lib"),
+        nccl_include_dir=str(wheel / "include"),
+        nccl_version="2.28.3",
+        cuda_home="/usr/local/cuda",
+        gpu_compute_capabilities=("90",),
+    )
     cfg = BuildConfig(frameworks=("torch",), gpu_operations="NCCL", cache_dir=tmp_path)
     work = tmp_path / "work"
     built = make_recipe(env, cfg, plan_remedies(env, cfg), {}).materialize(work)
@@ -124,13 +137,13 @@ def test_first_error_and_known_fix():
 def test_first_error_recognises_each_known_failure():
     samples = {
         "cmake-policy": "CMake Error at third_party/gloo/CMakeLists.txt:1 (cmake_minimum_required):"
-                        "\n  Compatibility with CMake < 3.5 has been removed from CMake.",
+        "\n  Compatibility with CMake < 3.5 has been removed from CMake.",
         "tf-hash-headers": "tensorflow/core/platform/hash.h:3:10: fatal error: "
-                           "highwayhash/arch_specific.h: No such file or directory",
+        "highwayhash/arch_specific.h: No such file or directory",
         "xla-builder-header": "xla_mpi_ops.cc:27:10: fatal error: "
-                              "tensorflow/compiler/xla/client/xla_builder.h: No such file",
+        "tensorflow/compiler/xla/client/xla_builder.h: No such file",
         "gcc13-includes": "group_table.h:12:8: error: 'string' in namespace 'std' does not "
-                          "name a type",
+        "name a type",
         "out-of-memory": "c++: fatal error: Killed signal terminated program cc1plus",
         "build-isolation": "ModuleNotFoundError: No module named 'packaging'",
     }

@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_doctor_passes_with_allreduce_for_both_frameworks_and_controllers():
-    out = subprocess.run([sys.executable, "-m", "hvdkit", "doctor"], capture_output=True,
-                         text=True, timeout=880, cwd=ROOT, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-m", "hvdkit", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=880,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     for framework in ("PyTorch", "TensorFlow"):
         for controller in ("gloo", "mpi"):
@@ -42,8 +48,13 @@ def test_doctor_without_horovod_fails_and_names_the_fix(tmp_path):
     venv = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([str(venv / "bin/python"), "-m", "hvdkit", "doctor"],
-                         capture_output=True, text=True, timeout=100, env=env)
+    out = subprocess.run(
+        [str(venv / "bin/python"), "-m", "hvdkit", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAIL  Horovod: not installed" in out.stdout
     assert "fix: hvdkit build-horovod" in out.stdout

@@ -27,15 +27,25 @@ def test_import_hvdkit_imports_no_framework():
 
 
 def test_check_build_lists_both_frameworks_and_controllers():
-    out = subprocess.run([str(BIN / "horovodrun"), "--check-build"], capture_output=True,
-                         text=True, check=True, timeout=300).stdout
+    out = subprocess.run(
+        [str(BIN / "horovodrun"), "--check-build"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     for item in ("[X] TensorFlow", "[X] PyTorch", "[X] MPI", "[X] Gloo"):
         assert item in out, out
 
 
 def test_plan_shows_remedies_for_this_machine():
-    out = subprocess.run([str(BIN / "hvdkit"), "build-horovod", "--plan"], capture_output=True,
-                         text=True, check=True, timeout=120).stdout
+    out = subprocess.run(
+        [str(BIN / "hvdkit"), "build-horovod", "--plan"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
     assert "Remedies:" in out and "build-isolation" in out and "Cache key: horovod-0.28.1" in out
     # This stack (torch 2.13, pip's CMake 4, TF 2.21) needs these; see test_build_decisions.
     for key in ("cmake-policy", "cxx17", "xla-builder-header", "tf-hash-headers"):
@@ -43,8 +53,12 @@ def test_plan_shows_remedies_for_this_machine():
 
 
 def test_bad_flag_gives_clear_error():
-    out = subprocess.run([str(BIN / "hvdkit"), "build-horovod", "--frameworks", "mxnet"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(BIN / "hvdkit"), "build-horovod", "--frameworks", "mxnet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "--frameworks: mxnet is not one of torch, tensorflow" in out.stderr
     assert "Traceback" not in out.stderr
@@ -53,16 +67,23 @@ def test_bad_flag_gives_clear_error():
 def test_readme_troubleshooting_covers_every_known_failure():
     readme = (ROOT / "README.md").read_text()
     for failure in KNOWN_FAILURES:
-        assert failure.symptom.split(" / ")[0].split(", then")[0] in readme.replace("`", ""), \
+        assert failure.symptom.split(" / ")[0].split(", then")[0] in readme.replace("`", ""), (
             failure.key
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_second_make_setup_does_nothing():
     start = time.monotonic()
-    out = subprocess.run(["make", "setup"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=280, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        ["make", "setup"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
+    )
     took = time.monotonic() - start
     assert out.returncode == 0, out.stdout + out.stderr
     assert "already installed for this key; nothing to do" in out.stdout
@@ -71,8 +92,13 @@ def test_second_make_setup_does_nothing():
 
 
 def _copy_checkout(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.splitlines()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     for rel in files:
         if (ROOT / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -86,20 +112,32 @@ def test_fresh_checkout_reuses_cached_wheel(tmp_path):
     _copy_checkout(clone)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
     start = time.monotonic()
-    out = subprocess.run(["make", "setup", f"VENV={tmp_path / 'venv'}"], cwd=clone, env=env,
-                         capture_output=True, text=True, timeout=1400, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        ["make", "setup", f"VENV={tmp_path / 'venv'}"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        stdin=subprocess.DEVNULL,
+    )
     took = time.monotonic() - start
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Reusing cached wheel" in out.stdout, out.stdout
     assert "Compiling Horovod" not in out.stdout
-    check = subprocess.run([str(tmp_path / "venv/bin/horovodrun"), "--check-build"],
-                           capture_output=True, text=True, check=True, timeout=300).stdout
+    check = subprocess.run(
+        [str(tmp_path / "venv/bin/horovodrun"), "--check-build"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
     for item in ("[X] TensorFlow", "[X] PyTorch", "[X] MPI", "[X] Gloo"):
         assert item in check, check
     print(f"fresh checkout setup with warm cache: {took:.1f} s")
 
 
-BROKEN_SETUP = '''
+BROKEN_SETUP = """
 import subprocess, sys
 from setuptools import setup
 if "bdist_wheel" in sys.argv:
@@ -107,7 +145,7 @@ if "bdist_wheel" in sys.argv:
         print(f"[ {i // 3:2d}%] Building CXX object noise_{i}.cc.o", flush=True)
     subprocess.run(["c++", "-std=c++14", "-c", "bad.cc", "-o", "bad.o"], check=True)
 setup(name="horovod", version="0.0.1")
-'''
+"""
 
 
 @pytest.mark.timeout(300)
@@ -124,10 +162,27 @@ def test_failed_build_prints_first_error_and_log_path(tmp_path):
     sdist = tmp_path / "horovod-0.0.1.tar.gz"
     subprocess.run(["tar", "czf", str(sdist), "-C", str(tmp_path), "horovod-0.0.1"], check=True)
     out = subprocess.run(
-        [str(BIN / "hvdkit"), "build-horovod", "--horovod-version", "0.0.1", "--sdist",
-         str(sdist), "--no-cache", "--cache-dir", str(tmp_path / "cache"),
-         "--frameworks", "torch", "--controllers", "gloo", "--system-deps", "check"],
-        capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL,
+        [
+            str(BIN / "hvdkit"),
+            "build-horovod",
+            "--horovod-version",
+            "0.0.1",
+            "--sdist",
+            str(sdist),
+            "--no-cache",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--frameworks",
+            "torch",
+            "--controllers",
+            "gloo",
+            "--system-deps",
+            "check",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        stdin=subprocess.DEVNULL,
     )
     assert out.returncode == 1, out.stdout + out.stderr
     err = out.stderr
@@ -138,4 +193,6 @@ def test_failed_build_prints_first_error_and_log_path(tmp_path):
     assert len(logs) == 1 and f"Full log: {logs[0]}" in err
     assert "noise_250" in logs[0].read_text() and "noise_250" not in err
     assert len(err.splitlines()) < 15
-    assert not (tmp_path / "cache/wheels").exists() or not any((tmp_path / "cache/wheels").iterdir())
+    assert not (tmp_path / "cache/wheels").exists() or not any(
+        (tmp_path / "cache/wheels").iterdir()
+    )

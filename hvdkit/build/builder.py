@@ -113,20 +113,45 @@ def _fetch_sdist(cfg: BuildConfig, log: Log) -> Path:
     if not target.exists():
         log(f"Downloading the Horovod {cfg.horovod_version} source distribution")
         cfg.sdist_dir.mkdir(parents=True, exist_ok=True)
-        _pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(cfg.sdist_dir),
-             f"horovod=={cfg.horovod_version}")
+        _pip(
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(cfg.sdist_dir),
+            f"horovod=={cfg.horovod_version}",
+        )
     return target
 
 
-def _compile(sdist: Path, build_env: dict[str, str], outdir: Path, log_path: Path, log: Log) -> Path:
-    argv = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v",
-            "-w", str(outdir), str(sdist)]
+def _compile(
+    sdist: Path, build_env: dict[str, str], outdir: Path, log_path: Path, log: Log
+) -> Path:
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-build-isolation",
+        "--no-deps",
+        "-v",
+        "-w",
+        str(outdir),
+        str(sdist),
+    ]
     log(f"Compiling Horovod ({build_env['MAKEFLAGS']}); full log: {log_path}")
     start, last = time.monotonic(), -10
     with log_path.open("a") as fh:
         fh.write(f"$ {' '.join(argv)}\nenv: {json.dumps(build_env, indent=1)}\n")
-        proc = subprocess.Popen(argv, env={**os.environ, **build_env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **build_env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             fh.write(line)
@@ -149,15 +174,21 @@ def _install(wheel: Path, cfg: BuildConfig, env: BuildEnv, key: str, log: Log) -
     try:
         matrix = read_matrix()
     except MatrixError as exc:
-        raise BuildError(f"Horovod was installed but does not import:\n{exc}\n"
-                         f"Fix: rebuild without the cache: hvdkit build-horovod --no-cache") from exc
+        raise BuildError(
+            f"Horovod was installed but does not import:\n{exc}\n"
+            f"Fix: rebuild without the cache: hvdkit build-horovod --no-cache"
+        ) from exc
     missing = matrix.missing(cfg.frameworks, cfg.controllers)
     if missing:
-        raise BuildError(f"The installed Horovod lacks {', '.join(missing)} ({matrix.describe()}).\n"
-                         "Fix: rebuild without the cache: hvdkit build-horovod --no-cache")
+        raise BuildError(
+            f"The installed Horovod lacks {', '.join(missing)} ({matrix.describe()}).\n"
+            "Fix: rebuild without the cache: hvdkit build-horovod --no-cache"
+        )
     log(matrix.describe())
     MARKER.parent.mkdir(parents=True, exist_ok=True)
-    MARKER.write_text(json.dumps({"key": key, "wheel": str(wheel), "inputs": cache_inputs(env, cfg)}))
+    MARKER.write_text(
+        json.dumps({"key": key, "wheel": str(wheel), "inputs": cache_inputs(env, cfg)})
+    )
 
 
 def build_horovod(cfg: BuildConfig, log: Log = print, force: bool = False) -> BuildResult:
@@ -203,8 +234,12 @@ def build_horovod(cfg: BuildConfig, log: Log = print, force: bool = False) -> Bu
         workdir = Path(tmp)
         build_env = make_recipe(env, cfg, remedies, dict(os.environ)).materialize(workdir)
         built = _compile(sdist, build_env, workdir / "dist", log_path, log)
-        metadata = {"key": key, "inputs": cache_inputs(env, cfg),
-                    "remedies": [r.key for r in remedies], "log": str(log_path)}
+        metadata = {
+            "key": key,
+            "inputs": cache_inputs(env, cfg),
+            "remedies": [r.key for r in remedies],
+            "log": str(log_path),
+        }
         wheel = cache.store(key, built, metadata)
     log(f"Cached {wheel}")
     _install(wheel, cfg, env, key, log)

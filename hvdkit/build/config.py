@@ -123,4 +123,6 @@ class BuildEnv:
     python_headers: bool = True
 
     def has_framework(self, name: str) -> bool:
-        return {"torch": self.torch_version, "tensorflow": self.tensorflow_version}[name] is not None
+        return {"torch": self.torch_version, "tensorflow": self.tensorflow_version}[
+            name
+        ] is not None

@@ -49,7 +49,9 @@ def find_problems(env: BuildEnv, cfg: BuildConfig, packages_to_install: list[str
         why = (
             "hvdkit is not running as root"
             if not env.is_root
-            else ("apt-get is not available" if not env.has_apt else "--system-deps check was given")
+            else (
+                "apt-get is not available" if not env.has_apt else "--system-deps check was given"
+            )
         )
         problems.append(
             Problem(
@@ -58,8 +60,11 @@ def find_problems(env: BuildEnv, cfg: BuildConfig, packages_to_install: list[str
                 f"sudo apt-get install -y {' '.join(packages_to_install)} (Debian/Ubuntu), then "
                 "run the build again; or run `sudo make setup` / `sudo hvdkit build-horovod`"
                 " so hvdkit installs them itself."
-                + (" To build without MPI instead: --controllers gloo."
-                   if "libopenmpi-dev" in packages_to_install else ""),
+                + (
+                    " To build without MPI instead: --controllers gloo."
+                    if "libopenmpi-dev" in packages_to_install
+                    else ""
+                ),
             )
         )
     if env.compiler is None and "g++" not in packages_to_install:

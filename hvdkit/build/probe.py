@@ -29,7 +29,8 @@ def _run(argv: list[str]) -> str | None:
     return out.stdout + out.stderr if out.returncode == 0 else None
 
 
-def _dist_version(*names: str) -> str | None:
+def dist_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed, else None."""
     for name in names:
         try:
             return importlib.metadata.version(name)
@@ -104,7 +105,7 @@ def _cuda() -> tuple[str | None, str | None]:
 
 
 def _nccl() -> tuple[str | None, str | None, str | None]:
-    version = _dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+    version = dist_version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
     base = _package_dir("nvidia")
     if version is None or base is None:
         return None, None, None
@@ -132,7 +133,7 @@ def probe() -> BuildEnv:
     """Everything the build decisions depend on, for the running Python."""
     tf_dir = _package_dir("tensorflow")
     tf_include = tf_dir / "include" if tf_dir else None
-    tf_version = _dist_version("tensorflow", "tensorflow-cpu", "tensorflow-gpu")
+    tf_version = dist_version("tensorflow", "tensorflow-cpu", "tensorflow-gpu")
     if tf_version is None or tf_include is None or not tf_include.is_dir():
         tf_version, tf_include = None, None
     compiler, compiler_id, compiler_version = _compiler()
@@ -149,7 +150,7 @@ def probe() -> BuildEnv:
         python_version=platform.python_version(),
         python_tag=f"cp{sys.version_info.major}{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
-        torch_version=_dist_version("torch"),
+        torch_version=dist_version("torch"),
         tensorflow_version=tf_version,
         tf_include_dir=str(tf_include) if tf_include else None,
         tf_has_highwayhash=tf_has("highwayhash/arch_specific.h"),

@@ -181,8 +181,7 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
             plan.append(
                 Remedy(
                     "xla-builder-header",
-                    f"TensorFlow {env.tensorflow_version} moved xla_builder.h to "
-                    "xla/hlo/builder/",
+                    f"TensorFlow {env.tensorflow_version} moved xla_builder.h to xla/hlo/builder/",
                     forward_headers=(
                         (
                             "tensorflow/compiler/xla/client/xla_builder.h",

@@ -21,29 +21,71 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument("--horovod-version", default=HOROVOD_VERSION)
-    parser.add_argument("--frameworks", type=_csv, default=None,
-                        help="comma list of torch,tensorflow (default: those installed)")
-    parser.add_argument("--controllers", type=_csv, default=CONTROLLERS,
-                        help="comma list of gloo,mpi (default: both)")
-    parser.add_argument("--gpu-operations", choices=["NCCL"], default=None,
-                        help="build GPU collectives with NCCL (default: CPU build)")
-    parser.add_argument("--cuda-arch", type=_csv, default=(), dest="cuda_arch_list",
-                        help="compute capabilities, e.g. 80,90 (default: the visible GPUs')")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help=f"wheel cache root (default: {default_cache_dir()})")
-    parser.add_argument("--no-cache", dest="use_cache", action="store_false",
-                        help="compile even when a matching cached wheel exists")
-    parser.add_argument("--force", action="store_true",
-                        help="reinstall even when this exact build is already installed")
-    parser.add_argument("--system-deps", choices=["auto", "apt", "check"], default="auto",
-                        help="auto/apt: apt-get install missing Debian packages when root; "
-                             "check: only report them")
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="parallel compile jobs (default: from cores and memory)")
-    parser.add_argument("--sdist", type=Path, default=None,
-                        help="a local horovod-X.tar.gz instead of downloading it")
-    parser.add_argument("--plan", action="store_true",
-                        help="print what was found and which remedies apply, then stop")
+    parser.add_argument(
+        "--frameworks",
+        type=_csv,
+        default=None,
+        help="comma list of torch,tensorflow (default: those installed)",
+    )
+    parser.add_argument(
+        "--controllers",
+        type=_csv,
+        default=CONTROLLERS,
+        help="comma list of gloo,mpi (default: both)",
+    )
+    parser.add_argument(
+        "--gpu-operations",
+        choices=["NCCL"],
+        default=None,
+        help="build GPU collectives with NCCL (default: CPU build)",
+    )
+    parser.add_argument(
+        "--cuda-arch",
+        type=_csv,
+        default=(),
+        dest="cuda_arch_list",
+        help="compute capabilities, e.g. 80,90 (default: the visible GPUs')",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help=f"wheel cache root (default: {default_cache_dir()})",
+    )
+    parser.add_argument(
+        "--no-cache",
+        dest="use_cache",
+        action="store_false",
+        help="compile even when a matching cached wheel exists",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="reinstall even when this exact build is already installed",
+    )
+    parser.add_argument(
+        "--system-deps",
+        choices=["auto", "apt", "check"],
+        default="auto",
+        help="auto/apt: apt-get install missing Debian packages when root; check: only report them",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="parallel compile jobs (default: from cores and memory)",
+    )
+    parser.add_argument(
+        "--sdist",
+        type=Path,
+        default=None,
+        help="a local horovod-X.tar.gz instead of downloading it",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print what was found and which remedies apply, then stop",
+    )
     parser.set_defaults(func=build_horovod_command)
 
 
@@ -59,16 +101,24 @@ def build_horovod_command(args: argparse.Namespace) -> int:
         assert env is not None
         frameworks = tuple(f for f in ("torch", "tensorflow") if env.has_framework(f))
         if not frameworks:
-            print("error: neither PyTorch nor TensorFlow is installed in this Python "
-                  f"({sys.executable}).\nFix: install one first (see hvdkit/build/stack-cpu.txt)"
-                  " or name them with --frameworks.", file=sys.stderr)
+            print(
+                "error: neither PyTorch nor TensorFlow is installed in this Python "
+                f"({sys.executable}).\nFix: install one first (see hvdkit/build/stack-cpu.txt)"
+                " or name them with --frameworks.",
+                file=sys.stderr,
+            )
             return 2
     try:
         cfg = BuildConfig(
-            horovod_version=args.horovod_version, frameworks=frameworks,
-            controllers=args.controllers, gpu_operations=args.gpu_operations,
-            cuda_arch_list=args.cuda_arch_list, use_cache=args.use_cache,
-            system_deps=args.system_deps, jobs=args.jobs, sdist=args.sdist,
+            horovod_version=args.horovod_version,
+            frameworks=frameworks,
+            controllers=args.controllers,
+            gpu_operations=args.gpu_operations,
+            cuda_arch_list=args.cuda_arch_list,
+            use_cache=args.use_cache,
+            system_deps=args.system_deps,
+            jobs=args.jobs,
+            sdist=args.sdist,
             **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
         )
     except ValueError as exc:

@@ -12,10 +12,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "doctor", help="check versions, Horovod's build and real allreduces", description=__doc__
     )
-    parser.add_argument("--no-allreduce", dest="allreduce", action="store_false",
-                        help="skip the 2-process allreduce runs")
-    parser.add_argument("--network-interface", metavar="IF", default=None,
-                        help="network interface for the allreduce runs (horovodrun's flag)")
+    parser.add_argument(
+        "--no-allreduce",
+        dest="allreduce",
+        action="store_false",
+        help="skip the 2-process allreduce runs",
+    )
+    parser.add_argument(
+        "--network-interface",
+        metavar="IF",
+        default=None,
+        help="network interface for the allreduce runs (horovodrun's flag)",
+    )
     parser.set_defaults(func=doctor_command)
 
 
@@ -38,6 +46,8 @@ def doctor_command(args: argparse.Namespace) -> int:
         for check in checks.allreduce_checks(matrix, args.network_interface):
             emit(check)
     failed = [c for c in results if c.status == FAIL]
-    print(f"\n{len(results) - len(failed)} checks passed, {len(failed)} failed"
-          + ("" if not failed else ": " + ", ".join(c.name for c in failed)))
+    print(
+        f"\n{len(results) - len(failed)} checks passed, {len(failed)} failed"
+        + ("" if not failed else ": " + ", ".join(c.name for c in failed))
+    )
     return 1 if failed else 0

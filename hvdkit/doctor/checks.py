@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import platform
@@ -18,6 +17,7 @@ from pathlib import Path
 from hvdkit import __version__
 from hvdkit.build.builder import MARKER
 from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
+from hvdkit.build.probe import dist_version
 from hvdkit.doctor.worker import PREFIX
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -37,15 +37,6 @@ class Check:
     def render(self) -> str:
         line = f"{self.status}  {self.name}: {self.detail}"
         return line + (f"\n      fix: {self.fix}" if self.fix and self.status == FAIL else "")
-
-
-def _version(*dists: str) -> str | None:
-    for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def _keras_backend() -> str:
@@ -70,22 +61,28 @@ def version_checks() -> Iterator[Check]:
     """Python, hvdkit, Horovod, the frameworks, Keras and MPI."""
     yield Check(PASS, "Python", f"{platform.python_version()} ({sys.executable})")
     yield Check(PASS, "hvdkit", __version__)
-    horovod = _version("horovod")
-    yield (Check(PASS, "Horovod", horovod) if horovod else
-           Check(FAIL, "Horovod", "not installed", "hvdkit build-horovod (or `make setup`)"))
+    horovod = dist_version("horovod")
+    yield (
+        Check(PASS, "Horovod", horovod)
+        if horovod
+        else Check(FAIL, "Horovod", "not installed", "hvdkit build-horovod (or `make setup`)")
+    )
     for dist, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")):
-        version = _version(dist, f"{dist}-cpu")
+        version = dist_version(dist, f"{dist}-cpu")
         yield Check(PASS, name, version) if version else Check(SKIP, name, "not installed")
-    keras = _version("keras")
-    yield (Check(PASS, "Keras", f"{keras}, backend {_keras_backend()}") if keras
-           else Check(SKIP, "Keras", "not installed"))
+    keras = dist_version("keras")
+    yield (
+        Check(PASS, "Keras", f"{keras}, backend {_keras_backend()}")
+        if keras
+        else Check(SKIP, "Keras", "not installed")
+    )
     mpi = _mpi_version()
     yield Check(PASS, "MPI", mpi) if mpi else Check(SKIP, "MPI", "mpirun not found")
 
 
 def build_checks() -> tuple[list[Check], BuildMatrix | None]:
     """Horovod's build matrix, and whether it was built for the frameworks now installed."""
-    if _version("horovod") is None:
+    if dist_version("horovod") is None:
         return [], None
     try:
         matrix = read_matrix()
@@ -94,17 +91,35 @@ def build_checks() -> tuple[list[Check], BuildMatrix | None]:
     checks = [Check(PASS, "Horovod build", matrix.describe())]
     built_for = _built_for()
     for dist, name in FRAMEWORK_NAMES.items():
-        installed = _version(dist, f"{dist}-cpu")
+        installed = dist_version(dist, f"{dist}-cpu")
         if installed and not matrix.frameworks.get(dist):
-            checks.append(Check(FAIL, f"Horovod for {name}", f"{name} {installed} is installed "
-                                "but Horovod was built without it", REBUILD))
+            checks.append(
+                Check(
+                    FAIL,
+                    f"Horovod for {name}",
+                    f"{name} {installed} is installed but Horovod was built without it",
+                    REBUILD,
+                )
+            )
         elif dist in built_for and built_for[dist] != installed:
-            checks.append(Check(FAIL, f"Horovod for {name}", f"built against {name} "
-                                f"{built_for[dist]}, but {installed} is installed", REBUILD))
+            checks.append(
+                Check(
+                    FAIL,
+                    f"Horovod for {name}",
+                    f"built against {name} {built_for[dist]}, but {installed} is installed",
+                    REBUILD,
+                )
+            )
     mpi_missing = matrix.controllers.get("mpi") and not shutil.which("mpirun")
     if mpi_missing:
-        checks.append(Check(FAIL, "MPI runtime", "Horovod was built with MPI but mpirun is "
-                            "not on PATH", "apt-get install -y openmpi-bin (or add MPI to PATH)"))
+        checks.append(
+            Check(
+                FAIL,
+                "MPI runtime",
+                "Horovod was built with MPI but mpirun is not on PATH",
+                "apt-get install -y openmpi-bin (or add MPI to PATH)",
+            )
+        )
     return checks, matrix
 
 
@@ -124,8 +139,12 @@ def gpu_check() -> Check:
     out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
     gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
     if out.returncode != 0:
-        return Check(FAIL, "GPUs", f"nvidia-smi failed: {out.stderr.strip()[:200]}",
-                     "check the NVIDIA driver (nvidia-smi must work)")
+        return Check(
+            FAIL,
+            "GPUs",
+            f"nvidia-smi failed: {out.stderr.strip()[:200]}",
+            "check the NVIDIA driver (nvidia-smi must work)",
+        )
     return Check(PASS, "GPUs", f"{len(gpus)} visible: " + "; ".join(gpus) if gpus else "none")
 
 
@@ -136,14 +155,19 @@ def _horovodrun() -> str | None:
 
 CONTROLLER_FIX = {
     "gloo": "Gloo rendezvous on localhost failed: check that `localhost` resolves to 127.0.0.1 "
-            "and that no firewall blocks loopback ports; try HOROVOD_GLOO_IFACE=lo",
+    "and that no firewall blocks loopback ports; try HOROVOD_GLOO_IFACE=lo",
     "mpi": "mpirun failed: check `mpirun -np 2 hostname` works; in containers set "
-           "OMPI_MCA_btl_vader_single_copy_mechanism=none; see the output above",
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none; see the output above",
 }
 
 
-def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float = 180,
-                    network_interface: str | None = None) -> Check:
+def allreduce_check(
+    framework: str,
+    controller: str,
+    np: int = 2,
+    timeout: float = 180,
+    network_interface: str | None = None,
+) -> Check:
     """A real ``horovodrun -np 2`` allreduce + broadcast on localhost."""
     name = f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}"
     horovodrun = _horovodrun()
@@ -154,8 +178,14 @@ def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float
         argv += ["--network-interface", network_interface]
     argv += [sys.executable, "-m", "hvdkit.doctor.worker", framework]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
         text = out.stdout + out.stderr
         code = out.returncode
     except subprocess.TimeoutExpired as exc:
@@ -166,22 +196,32 @@ def allreduce_check(framework: str, controller: str, np: int = 2, timeout: float
         return Check(PASS, name, f"{np} ranks, sum and broadcast correct")
     wrong = [line for line in text.splitlines() if PREFIX in line and "WRONG" in line]
     if wrong:
-        return Check(FAIL, name, f"wrong result: {wrong[0].strip()}",
-                     "Horovod computed a wrong value: rebuild it (" + REBUILD + ")")
+        return Check(
+            FAIL,
+            name,
+            f"wrong result: {wrong[0].strip()}",
+            "Horovod computed a wrong value: rebuild it (" + REBUILD + ")",
+        )
     tail = " | ".join(line.strip() for line in text.strip().splitlines()[-4:])
-    return Check(FAIL, name, f"exit {code}, ranks ok: {sorted(oks)}; {tail[-600:]}",
-                 CONTROLLER_FIX[controller])
+    return Check(
+        FAIL,
+        name,
+        f"exit {code}, ranks ok: {sorted(oks)}; {tail[-600:]}",
+        CONTROLLER_FIX[controller],
+    )
 
 
-def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None
-                     ) -> Iterator[Check]:
+def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) -> Iterator[Check]:
     """One allreduce per framework and controller that Horovod was built with."""
     for framework in FRAMEWORK_NAMES:
         for controller in ("gloo", "mpi"):
             if not matrix.frameworks.get(framework):
                 continue
             if not matrix.controllers.get(controller):
-                yield Check(SKIP, f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}",
-                            f"Horovod was built without {controller}")
+                yield Check(
+                    SKIP,
+                    f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}",
+                    f"Horovod was built without {controller}",
+                )
                 continue
             yield allreduce_check(framework, controller, network_interface=network_interface)

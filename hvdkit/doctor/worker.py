@@ -39,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     want_sum = float(size * (size + 1) // 2)
     ok = all(v == want_sum for v in summed) and all(v == 7.0 for v in broadcast)
     status = "ok" if ok else "WRONG"
-    print(f"{PREFIX} {framework} rank {rank}/{size} {status} sum={summed[0]} "
-          f"(want {want_sum}) broadcast={broadcast[0]} (want 7.0)", flush=True)
+    print(
+        f"{PREFIX} {framework} rank {rank}/{size} {status} sum={summed[0]} "
+        f"(want {want_sum}) broadcast={broadcast[0]} (want 7.0)",
+        flush=True,
+    )
     return 0 if ok else 1
 
 
