@@ -196,3 +196,18 @@ def test_failed_build_prints_first_error_and_log_path(tmp_path):
     assert not (tmp_path / "cache/wheels").exists() or not any(
         (tmp_path / "cache/wheels").iterdir()
     )
+
+
+def test_make_setup_without_python311_names_the_fix(tmp_path):
+    out = subprocess.run(
+        ["make", "setup", "PYTHON=hvdkit-no-such-python3.11", f"VENV={tmp_path / 'v'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode != 0
+    assert "hvdkit-no-such-python3.11 not found" in out.stdout
+    assert "make setup PYTHON=/path/to/python3.11" in out.stdout
+    assert not (tmp_path / "v").exists()

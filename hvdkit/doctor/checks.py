@@ -155,10 +155,24 @@ def _horovodrun() -> str | None:
 
 CONTROLLER_FIX = {
     "gloo": "Gloo rendezvous on localhost failed: check that `localhost` resolves to 127.0.0.1 "
-    "and that no firewall blocks loopback ports; try HOROVOD_GLOO_IFACE=lo",
+    "and that no firewall blocks loopback ports; try hvdkit doctor --network-interface lo",
     "mpi": "mpirun failed: check `mpirun -np 2 hostname` works; in containers set "
     "OMPI_MCA_btl_vader_single_copy_mechanism=none; see the output above",
 }
+ATTEMPTS = 2
+"""Horovod 0.28.1's start-up rarely loses a race on a loaded 2-core machine (STACK.md); a
+failure that recurs is real, one that does not is reported as passing on the second try."""
+
+
+def _launch(argv: list[str], timeout: float) -> tuple[int, str]:
+    try:
+        out = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        return -1, f"{partial}\ntimed out after {timeout:.0f} s"
+    return out.returncode, out.stdout + out.stderr
 
 
 def allreduce_check(
@@ -177,38 +191,27 @@ def allreduce_check(
     if network_interface:
         argv += ["--network-interface", network_interface]
     argv += [sys.executable, "-m", "hvdkit.doctor.worker", framework]
-    try:
-        out = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-        text = out.stdout + out.stderr
-        code = out.returncode
-    except subprocess.TimeoutExpired as exc:
-        text, code = f"timed out after {timeout:.0f} s: {exc.stdout or ''}", -1
-    results = re.findall(rf"{PREFIX} {framework} rank (\d+)/(\d+) (\w+)", text)
-    oks = {int(rank) for rank, _, status in results if status == "ok"}
-    if code == 0 and oks == set(range(np)):
-        return Check(PASS, name, f"{np} ranks, sum and broadcast correct")
-    wrong = [line for line in text.splitlines() if PREFIX in line and "WRONG" in line]
-    if wrong:
-        return Check(
-            FAIL,
-            name,
-            f"wrong result: {wrong[0].strip()}",
-            "Horovod computed a wrong value: rebuild it (" + REBUILD + ")",
-        )
-    tail = " | ".join(line.strip() for line in text.strip().splitlines()[-4:])
-    return Check(
-        FAIL,
-        name,
-        f"exit {code}, ranks ok: {sorted(oks)}; {tail[-600:]}",
-        CONTROLLER_FIX[controller],
-    )
+    failures: list[str] = []
+    for _ in range(ATTEMPTS):
+        code, text = _launch(argv, timeout)
+        results = re.findall(rf"{PREFIX} {framework} rank (\d+)/(\d+) (\w+)", text)
+        oks = {int(rank) for rank, _, status in results if status == "ok"}
+        if code == 0 and oks == set(range(np)):
+            retried = (
+                f" (passed on try {len(failures) + 1}; before: {failures[0]})" if failures else ""
+            )
+            return Check(PASS, name, f"{np} ranks, sum and broadcast correct{retried}")
+        wrong = [line for line in text.splitlines() if PREFIX in line and "WRONG" in line]
+        if wrong:
+            return Check(
+                FAIL,
+                name,
+                f"wrong result: {wrong[0].strip()}",
+                "Horovod computed a wrong value: rebuild it (" + REBUILD + ")",
+            )
+        tail = " | ".join(line.strip() for line in text.strip().splitlines()[-4:])
+        failures.append(f"exit {code}, ranks ok: {sorted(oks)}; {tail[-600:]}")
+    return Check(FAIL, name, failures[-1], CONTROLLER_FIX[controller])
 
 
 def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) -> Iterator[Check]:
