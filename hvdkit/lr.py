@@ -1,0 +1,68 @@
+"""Learning-rate scaling by world size, with linear warmup (Goyal et al. 2017). Pure.
+
+With N workers the effective batch is N times larger, so the learning rate is scaled by N
+(``size``); Adasum adapts to the batch itself and only needs the local GPU count
+(``local_size``). The jump is made gradually: the multiplier ramps linearly from 1 (the
+single-process LR) to the full factor over the warmup, then stays there. The multiplier is
+applied on top of whatever LR the user's own scheduler sets, so both compose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LR_POLICIES = ("size", "local_size", "none")
+
+
+def scale_factor(policy: str, size: int, local_size: int) -> float:
+    """The LR multiplier after warmup for ``policy`` (``size``, ``local_size`` or ``none``)."""
+    if policy == "size":
+        return float(size)
+    if policy == "local_size":
+        return float(local_size)
+    if policy == "none":
+        return 1.0
+    raise ValueError(f"lr_scaling={policy!r}: use one of {', '.join(LR_POLICIES)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Warmup:
+    """Linear warmup of the LR multiplier from 1 to ``factor`` over ``steps`` optimizer steps.
+
+    Example: 4 workers, 100 warmup steps::
+
+        w = Warmup(factor=4.0, steps=100)
+        w.multiplier(0) == 1.0; w.multiplier(50) == 2.5; w.multiplier(100) == 4.0
+    """
+
+    factor: float
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0:
+            raise ValueError(f"LR scale factor must be > 0, got {self.factor}")
+        if self.steps < 0:
+            raise ValueError(f"warmup steps must be >= 0, got {self.steps}")
+
+    def multiplier(self, step: int) -> float:
+        """The multiplier in force for optimizer step ``step`` (0-based)."""
+        if self.steps == 0 or step >= self.steps:
+            return self.factor
+        return 1.0 + (self.factor - 1.0) * step / self.steps
+
+
+def warmup_steps(*, epochs: float = 0.0, steps: int = 0, steps_per_epoch: int | None = None) -> int:
+    """Warmup length in optimizer steps, from either ``epochs`` (needs ``steps_per_epoch``) or
+    ``steps``, not both."""
+    if epochs and steps:
+        raise ValueError("give warmup_epochs or warmup_steps, not both")
+    if epochs < 0 or steps < 0:
+        raise ValueError("warmup_epochs and warmup_steps must be >= 0")
+    if epochs:
+        if not steps_per_epoch:
+            raise ValueError(
+                "warmup_epochs needs the number of steps per epoch: pass steps_per_epoch, or "
+                "use warmup_steps"
+            )
+        return max(1, round(epochs * steps_per_epoch))
+    return steps

@@ -1,0 +1,101 @@
+"""Everything that happens on rank 0 only: printing, logging, progress bars, the checkpoint
+gate. User code and examples never need ``if hvd.rank() == 0``.
+
+The rank is set once by the adapter after ``init``; before that it is read from the launcher's
+environment (horovodrun, mpirun, srun), so module-level logging works too.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+_rank: int | None = None
+
+
+def set_rank(rank: int) -> None:
+    """Called by the adapters once Horovod knows this process's rank."""
+    global _rank
+    _rank = rank
+
+
+def rank() -> int:
+    """This process's global rank (0 when not launched by a distributed launcher)."""
+    if _rank is not None:
+        return _rank
+    for name in _RANK_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def is_rank_zero() -> bool:
+    return rank() == 0
+
+
+def rank_zero_only(fn: Callable[..., T]) -> Callable[..., T | None]:
+    """Decorator: run ``fn`` on rank 0, return None elsewhere."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> T | None:
+        return fn(*args, **kwargs) if is_rank_zero() else None
+
+    return wrapped
+
+
+@rank_zero_only
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on rank 0 only (flushed, so lines are not lost when a rank dies)."""
+    print(*args, **{"flush": True, **kwargs})
+
+
+class _RankZeroFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = rank()
+        return is_rank_zero() or record.levelno >= logging.WARNING
+
+
+def get_logger(name: str) -> logging.Logger:
+    """A logger that emits INFO/DEBUG on rank 0 only and warnings from every rank, each line
+    prefixed with ``[rank N]``."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _RankZeroFilter) for f in logger.filters):
+        logger.addFilter(_RankZeroFilter())
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[rank %(rank)s] %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+def progress(iterable: Iterable[T], **kwargs: Any) -> Iterator[T]:
+    """A tqdm progress bar on rank 0 (plain iteration elsewhere, or without tqdm)."""
+    if is_rank_zero():
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            pass
+        else:
+            yield from tqdm(iterable, **{"dynamic_ncols": True, **kwargs})
+            return
+    yield from iterable
+
+
+@contextmanager
+def rank_zero_first(barrier: Callable[[], None]) -> Iterator[None]:
+    """Rank 0 runs the body first (e.g. a data-set download or cache fill), the others after."""
+    if not is_rank_zero():
+        barrier()
+    try:
+        yield
+    finally:
+        if is_rank_zero():
+            barrier()

@@ -1,0 +1,193 @@
+"""The PyTorch implementation of the six-step hooks of :class:`hvdkit.core.Adapter`."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from hvdkit.checkpoint import CheckpointError, atomic_write
+from hvdkit.core import Adapter, SetupConfig, Topology
+from hvdkit.torch.functions import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    load_optimizer_state_,
+)
+from hvdkit.torch.optimizer import DistributedOptimizer
+
+FORMAT = "hvdkit-torch-1"
+_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states in a form ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+class TorchAdapter(Adapter):
+    """Six steps for a ``torch.nn.Module`` and ``torch.optim.Optimizer``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: SetupConfig,
+        scheduler: Any = None,
+    ) -> None:
+        super().__init__(config)
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.device = torch.device("cpu")
+        self.step_count = 0
+        self.epoch = 0
+
+    def _init(self) -> Topology:
+        hvd.init()
+        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank())
+
+    def _pin_device(self, topology: Topology) -> None:
+        if torch.cuda.is_available():
+            visible = torch.cuda.device_count()
+            if topology.local_rank >= visible:
+                raise RuntimeError(
+                    f"rank {topology.rank}: this host runs {topology.local_size} processes but "
+                    f"only {visible} GPU(s) are visible; one GPU per process is required "
+                    "(NCCL refuses two ranks on one GPU). Fix: start at most "
+                    f"{visible} processes per host (slots in the hostfile / -np), or check "
+                    "CUDA_VISIBLE_DEVICES."
+                )
+            torch.cuda.set_device(topology.local_rank)
+            self.device = torch.device("cuda", topology.local_rank)
+        else:
+            # Each rank gets its share of the cores instead of all of them fighting.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // topology.local_size))
+        self.model.to(self.device)
+
+    def _wrap_optimizer(self) -> None:
+        cfg = self.config
+        self.optimizer = DistributedOptimizer(
+            self.optimizer,
+            named_parameters=self.model.named_parameters(),
+            compression=_COMPRESSION[cfg.compression],
+            backward_passes_per_step=cfg.backward_passes_per_step,
+            op=_OPS[cfg.op],
+        )
+        inner_step = self.optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            # The multiplier is applied around the step only, so the user's scheduler keeps
+            # seeing (and setting) single-process LRs and composes with the scaling.
+            multiplier = self.lr_multiplier(self.step_count)
+            saved = [group["lr"] for group in self.optimizer.param_groups]
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] * multiplier
+            try:
+                return inner_step(*args, **kwargs)
+            finally:
+                for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                    group["lr"] = lr
+                self.step_count += 1
+
+        self.optimizer.step = step
+
+    def _read_checkpoint(self, path: Path) -> dict[str, Any]:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+            raise CheckpointError(
+                path,
+                f"cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
+                "it is corrupt or not an hvdkit checkpoint: delete it to start fresh, or "
+                "pass another path",
+            ) from exc
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(
+                path,
+                f"is not an hvdkit PyTorch checkpoint (format {_format_of(state)!r}, "
+                f"expected {FORMAT!r})",
+                "pass a checkpoint written by hvdkit.torch, or delete it to start fresh",
+            )
+        return state
+
+    def _broadcast_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        root = self.config.root_rank
+        error = None
+        if state is not None:
+            try:
+                self.model.load_state_dict(state["model"])
+                load_optimizer_state_(self.optimizer, state["optimizer"])
+                if self.scheduler is not None and state.get("scheduler") is not None:
+                    self.scheduler.load_state_dict(state["scheduler"])
+            except (RuntimeError, ValueError, KeyError) as exc:
+                error = CheckpointError(
+                    self.config.checkpoint or "",
+                    f"does not match this model/optimizer: {str(exc).splitlines()[0][:300]}",
+                    "resume with the same model and optimizer it was saved from, or delete it",
+                )
+        self.raise_on_root_error(error)
+        broadcast_parameters(self.model.state_dict(), root)
+        broadcast_optimizer_state(self.optimizer, root)
+        info = None
+        if state is not None:
+            info = {k: state[k] for k in ("step", "epoch", "extra", "scheduler", "rng")}
+            info["world_size"] = state.get("world_size")
+        info = self._broadcast_object(info)
+        if info is None:
+            return None
+        self.step_count, self.epoch = info["step"], info["epoch"]
+        if self.scheduler is not None and info["scheduler"] is not None:
+            self.scheduler.load_state_dict(info["scheduler"])
+        if info["world_size"] == hvd.size():
+            set_rng_state(info["rng"][hvd.rank()])
+        return info["extra"]
+
+    def _gather_checkpoint_state(self, extra: dict[str, Any], next_epoch: int
+                                 ) -> dict[str, Any] | None:
+        rngs = hvd.allgather_object(rng_state(), name="hvdkit.rng")
+        if hvd.rank() != self.config.root_rank:
+            return None
+        return {
+            "format": FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "step": self.step_count,
+            "epoch": next_epoch,
+            "extra": extra,
+            "rng": rngs,
+            "world_size": hvd.size(),
+        }
+
+    def _write_checkpoint(self, path: Path, state: dict[str, Any]) -> Path:
+        return atomic_write(path, lambda fh: torch.save(state, fh))
+
+    def _broadcast_object(self, obj: Any) -> Any:
+        return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")
+
+
+def _format_of(state: Any) -> Any:
+    return state.get("format") if isinstance(state, dict) else type(state).__name__

@@ -1,0 +1,127 @@
+"""State broadcasts that work on today's PyTorch: non-contiguous tensors (channels_last) and
+fresh optimizers (no spurious step, so AdamW does not decay the weights once at start)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+
+def _named_tensors(params: Any) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    elif isinstance(params, Iterable):
+        items = list(params)
+    else:
+        raise TypeError(f"expected a state_dict or named_parameters(), got {type(params).__name__}")
+    if items and not all(isinstance(i, tuple) and len(i) == 2 for i in items):
+        raise TypeError("expected (name, tensor) pairs, e.g. model.named_parameters()")
+    return sorted(((k, v) for k, v in items if torch.is_tensor(v)), key=lambda kv: kv[0])
+
+
+def broadcast_tensors_(named: list[tuple[str, torch.Tensor]], root_rank: int, prefix: str) -> None:
+    """Broadcast each tensor in place from ``root_rank``. Horovod needs contiguous buffers, so
+    a non-contiguous one (channels_last) goes through a contiguous copy and back."""
+    pending = []
+    for name, tensor in named:
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        handle = hvd.broadcast_async_(buffer, root_rank, name=f"{prefix}.{name}")
+        pending.append((tensor, buffer, handle))
+    for tensor, buffer, handle in pending:
+        hvd.synchronize(handle)
+        if buffer is not tensor:
+            with torch.no_grad():
+                tensor.copy_(buffer)
+
+
+def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
+    """Horovod's ``broadcast_parameters``: a ``state_dict()`` or ``named_parameters()`` from
+    ``root_rank`` to every rank, in place; channels_last tensors included."""
+    broadcast_tensors_(_named_tensors(params), root_rank, "hvdkit.param")
+
+
+def _state_skeleton(state: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The optimizer state with each tensor replaced by (shape, dtype): what the other ranks
+    need to allocate buffers for the broadcast."""
+    return {
+        pid: {
+            k: ("tensor", tuple(v.shape), str(v.dtype).removeprefix("torch."), v.is_cpu)
+            if torch.is_tensor(v)
+            else ("value", v)
+            for k, v in entries.items()
+        }
+        for pid, entries in state.items()
+    }
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Horovod's ``broadcast_optimizer_state`` without its side effect: Horovod runs a
+    zero-gradient ``step()`` to create state on a fresh optimizer, which makes AdamW apply
+    weight decay once. Here the hyperparameters and whatever state rank 0 has are copied;
+    nothing steps."""
+    sd = optimizer.state_dict()
+    skeleton = hvd.broadcast_object(
+        {"param_groups": sd["param_groups"], "state": _state_skeleton(sd["state"])},
+        root_rank,
+        name="hvdkit.optim.skeleton",
+    )
+    device_of = {
+        pid: p.device
+        for pid, p in enumerate(p for group in optimizer.param_groups for p in group["params"])
+    }
+    state: dict[int, dict[str, Any]] = {}
+    named: list[tuple[str, torch.Tensor]] = []
+    for pid, entries in skeleton["state"].items():
+        state[pid] = {}
+        for key, (kind, *rest) in entries.items():
+            if kind == "value":
+                state[pid][key] = rest[0]
+                continue
+            shape, dtype, on_cpu = rest
+            if hvd.rank() == root_rank:
+                tensor = sd["state"][pid][key]
+            else:
+                # Adam's "step" lives on the CPU even for CUDA parameters.
+                device = torch.device("cpu") if on_cpu else device_of[pid]
+                tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+            state[pid][key] = tensor
+            named.append((f"{pid}.{key}", tensor))
+    broadcast_tensors_(named, root_rank, "hvdkit.optim")
+    if hvd.rank() != root_rank:
+        load_optimizer_state_(optimizer, {"param_groups": skeleton["param_groups"], "state": state})
+
+
+def load_optimizer_state_(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict`` that keeps the existing param-group dicts. torch's
+    version replaces them, which silently detaches an LR scheduler built on the optimizer:
+    it goes on setting the LR of groups nothing uses any more."""
+    groups, saved_groups = optimizer.param_groups, state_dict["param_groups"]
+    sizes = [len(g["params"]) for g in groups]
+    saved_sizes = [len(g["params"]) for g in saved_groups]
+    if sizes != saved_sizes:
+        raise ValueError(
+            f"optimizer state has param groups of sizes {saved_sizes}, this optimizer {sizes}"
+        )
+    params = {
+        pid: p for saved, group in zip(saved_groups, groups)
+        for pid, p in zip(saved["params"], group["params"])
+    }
+    for group, saved in zip(groups, saved_groups):
+        group.update({k: v for k, v in saved.items() if k != "params"})
+    optimizer.state.clear()
+    for pid, entries in state_dict["state"].items():
+        param = params[int(pid)]
+        optimizer.state[param] = {
+            key: _like_param(value, param) if key != "step" else value
+            for key, value in entries.items()
+        }
+
+
+def _like_param(value: Any, param: torch.Tensor) -> Any:
+    if not torch.is_tensor(value):
+        return value
+    dtype = param.dtype if value.is_floating_point() else value.dtype
+    return value.to(device=param.device, dtype=dtype)

@@ -1,0 +1,151 @@
+"""``hvdkit.torch.setup``: the six steps in one call, and the session it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from hvdkit import rank_zero
+from hvdkit.core import SetupConfig
+from hvdkit.torch.adapter import TorchAdapter
+from hvdkit.torch.optimizer import backward_and_step
+
+
+class _EpochLoader:
+    """A DataLoader whose sampler is told the session's epoch each time it is iterated, so
+    every epoch is shuffled differently and identically on every rank."""
+
+    def __init__(self, loader: DataLoader, sampler: DistributedSampler, session: Session) -> None:
+        self.loader, self.sampler, self.session = loader, sampler, session
+
+    def __iter__(self) -> Iterator[Any]:
+        self.sampler.set_epoch(self.session.epoch)
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class Session:
+    """What :func:`setup` returns: the wrapped model and optimizer, the device, the topology,
+    and the rank-aware helpers (data sharding, stepping, metrics, checkpoints, output)."""
+
+    def __init__(self, adapter: TorchAdapter) -> None:
+        self._adapter = adapter
+        assert adapter.topology is not None
+        self.topology = adapter.topology
+        self.resumed: dict[str, Any] | None = adapter.resumed
+
+    model = property(lambda self: self._adapter.model)
+    optimizer = property(lambda self: self._adapter.optimizer)
+    scheduler = property(lambda self: self._adapter.scheduler)
+    device = property(lambda self: self._adapter.device)
+    rank = property(lambda self: self.topology.rank)
+    size = property(lambda self: self.topology.size)
+    epoch = property(lambda self: self._adapter.epoch)
+    step_count = property(lambda self: self._adapter.step_count)
+
+    def lr_multiplier(self) -> float:
+        """The world-size LR multiplier the next optimizer step will use."""
+        return self._adapter.lr_multiplier(self._adapter.step_count)
+
+    def epochs(self, total: int) -> Iterator[int]:
+        """``for epoch in session.epochs(n)``: resumes after the last saved epoch."""
+        start = self._adapter.epoch
+        for epoch in range(start, total):
+            self._adapter.epoch = epoch
+            yield epoch
+        self._adapter.epoch = total
+
+    def shard(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        num_workers: int | None = None,
+        **loader_kwargs: Any,
+    ) -> _EpochLoader:
+        """A DataLoader over this rank's shard of ``dataset``; ``batch_size`` is per rank.
+
+        Every rank gets the same number of batches (the sampler pads the last shard by
+        repeating samples unless ``drop_last``), so no rank waits forever for the others.
+        """
+        sampler = DistributedSampler(
+            dataset, num_replicas=self.size, rank=self.rank, shuffle=shuffle, seed=seed,
+            drop_last=drop_last,
+        )
+        if num_workers is None:
+            num_workers = 0 if self.device.type == "cpu" else min(4, max(1, _cores() // self.topology.local_size))
+        options: dict[str, Any] = {"pin_memory": self.device.type == "cuda"}
+        if num_workers > 0:
+            options.update(persistent_workers=True, prefetch_factor=2)
+        options.update(loader_kwargs)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                            num_workers=num_workers, drop_last=drop_last, **options)
+        return _EpochLoader(loader, sampler, self)
+
+    def backward_and_step(self, loss: torch.Tensor, **kwargs: Any) -> torch.Tensor | None:
+        """See :func:`hvdkit.torch.backward_and_step` (AMP scaler and clipping options)."""
+        return backward_and_step(loss, self.optimizer, parameters=self.model.parameters(), **kwargs)
+
+    def average(self, total: float, count: int | float, name: str = "metric") -> float:
+        """The global mean of a metric from each rank's sum and sample count, so ranks with
+        more samples weigh more: exact even when shards differ."""
+        pair = torch.tensor([float(total), float(count)], dtype=torch.float64)
+        summed = hvd.allreduce(pair, op=hvd.Sum, name=f"hvdkit.avg.{name}")
+        return (summed[0] / summed[1]).item() if summed[1] > 0 else float("nan")
+
+    def save(self, *, end_of_epoch: bool = True, **extra: Any) -> Path | None:
+        """Checkpoint (collective): rank 0 writes atomically; ``extra`` comes back in
+        ``session.resumed`` on resume. At the end of an epoch, resuming starts at the next
+        epoch; mid-epoch (``end_of_epoch=False``) it restarts the current one, so keep the
+        batch position in ``extra`` to skip what was done."""
+        return self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(end_of_epoch))
+
+    print = staticmethod(rank_zero.print0)
+    progress = staticmethod(rank_zero.progress)
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def setup(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    scheduler: Any = None,
+    checkpoint: str | Path | None = None,
+    **options: Any,
+) -> Session:
+    """The six steps in one call: init, pin the device, scale the LR (with warmup), wrap the
+    optimizer, resume from ``checkpoint`` on rank 0 and broadcast to all ranks.
+
+    ``options`` are :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``,
+    ``warmup_epochs``/``warmup_steps`` (+ ``steps_per_epoch``), ``op``, ``compression``,
+    ``backward_passes_per_step``, ``resume``, ``root_rank``.
+
+    Example::
+
+        session = hvdkit.torch.setup(model, optimizer, checkpoint="ckpt.pt", warmup_steps=100)
+        loader = session.shard(train_set, batch_size=64)
+        for epoch in session.epochs(10):
+            for x, y in loader:
+                session.optimizer.zero_grad()
+                session.backward_and_step(loss_fn(session.model(x), y))
+            session.save()
+    """
+    config = SetupConfig(checkpoint=Path(checkpoint) if checkpoint else None, **options)
+    adapter = TorchAdapter(model, optimizer, config, scheduler=scheduler)
+    adapter.setup()
+    return Session(adapter)

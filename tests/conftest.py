@@ -1,0 +1,40 @@
+"""Shared helpers: launching real Horovod jobs and reading what each rank reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).resolve().parent / "workers"
+HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+
+
+def horovodrun(script: str, *args: str, np: int = 2, controller: str = "gloo",
+               timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    """``horovodrun -np N -H localhost:N --gloo|--mpi python tests/workers/SCRIPT ARGS``."""
+    argv = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
+            sys.executable, str(WORKERS / script), *args]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                         stdin=subprocess.DEVNULL, env={**__import__("os").environ,
+                                                        "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if check and out.returncode != 0:
+        raise AssertionError(f"horovodrun failed ({out.returncode}):\n{out.stdout[-4000:]}\n"
+                             f"{out.stderr[-4000:]}")
+    return out
+
+
+def results(out: subprocess.CompletedProcess) -> dict[int, dict]:
+    """RESULT lines by rank."""
+    by_rank = {}
+    decoder = json.JSONDecoder()
+    text = out.stdout
+    start = text.find("RESULT ")
+    while start != -1:
+        # raw_decode: MPI's tagged output can put another rank's text right after the JSON.
+        value, _ = decoder.raw_decode(text, start + len("RESULT "))
+        by_rank[value["rank"]] = value
+        start = text.find("RESULT ", start + 1)
+    return by_rank

@@ -1,0 +1,144 @@
+"""Run under horovodrun by tests/test_torch_adapter.py; prints one RESULT json line per rank."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import hvdkit.torch as hvd
+from hvdkit import rank_zero
+
+
+def emit(**values):
+    print("RESULT " + json.dumps({"rank": hvd.rank(), **values}), flush=True)
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
+
+
+def digest(model: torch.nn.Module) -> str:
+    """Bit-exact fingerprint of the weights (short enough for tagged MPI output)."""
+    return hashlib.sha256(flat(model).numpy().tobytes()).hexdigest()
+
+
+def data(n: int, seed: int = 123):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def train(args):
+    # Every rank starts from different weights: setup must broadcast rank 0's.
+    model = make_model(seed=rank_zero.rank() if args.ranks_differ else 0)  # before init
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    torch.manual_seed(1000 + rank_zero.rank())  # per-rank randomness; resume restores it
+    session = hvd.setup(model, opt, scheduler=sched, checkpoint=args.checkpoint,
+                        warmup_steps=args.warmup_steps)
+    x, y = data(args.samples)
+    loader = session.shard(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    for epoch in session.epochs(args.epochs):
+        total = count = 0.0
+        for xb, yb in loader:
+            session.optimizer.zero_grad(set_to_none=True)
+            noise = 1e-3 * torch.randn_like(xb)  # consumes RNG: resume must restore it
+            loss = F.cross_entropy(session.model(xb + noise), yb)
+            session.backward_and_step(loss)
+            total += loss.item() * len(xb)
+            count += len(xb)
+        session.scheduler.step()
+        session.average(total, count)
+        if args.checkpoint:
+            session.save(batches=len(loader))
+        if args.stop_after is not None and epoch + 1 == args.stop_after:
+            break
+    ckpts = sorted(os.listdir(os.path.dirname(args.checkpoint))) if args.checkpoint else []
+    emit(params=digest(session.model), steps=session.step_count, files=ckpts,
+         resumed=session.resumed)
+
+
+def one_step(args):
+    """np=2 with per-rank batch B and LR scaled by size == np=1 with batch 2B and LR x 2."""
+    b = 4
+    hvd.init()
+    x, y = data(b * hvd.size(), seed=7)
+    model = make_model(0)
+    lr = 0.1
+    session = hvd.setup(model, torch.optim.SGD(model.parameters(), lr=lr))
+    mine = slice(hvd.rank() * b, (hvd.rank() + 1) * b)
+    session.optimizer.zero_grad()
+    session.backward_and_step(F.cross_entropy(session.model(x[mine]), y[mine]))
+    ref = make_model(0)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr * hvd.size())
+    F.cross_entropy(ref(x), y).backward()
+    ref_opt.step()
+    diff = (flat(session.model) - flat(ref)).abs().max().item()
+    moved = (flat(session.model) - flat(make_model(0))).abs().max().item()
+    emit(diff=diff, moved=moved)
+
+
+def sharp_edges(args):
+    """channels_last broadcast, fresh AdamW broadcast, zero_grad(set_to_none), AMP + clip."""
+    hvd.init()
+    torch.manual_seed(hvd.rank())
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    hvd.broadcast_parameters(conv.state_dict(), root_rank=0)
+    conv_sum = conv.weight.detach().sum().item()
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    before = flat(lin).clone()
+    adamw = torch.optim.AdamW(lin.parameters(), lr=0.1, weight_decay=0.5)
+    hvd.broadcast_optimizer_state(adamw, root_rank=0)
+    spurious = (flat(lin) - before).abs().max().item()
+
+    # Optimizer state that is channels_last (AdamW moments of the conv), broadcast from rank 0.
+    opt = hvd.DistributedOptimizer(torch.optim.AdamW(conv.parameters(), lr=0.01),
+                                   named_parameters=conv.named_parameters())
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last) * (hvd.rank() + 1)
+    conv(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    grads_none = all(p.grad is None for p in conv.parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    exp_avg = hashlib.sha256(b"".join(
+        s["exp_avg"].contiguous().numpy().tobytes() for s in opt.state.values())).hexdigest()
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = conv(x).float().square().mean() * 1e3
+    norm = hvd.backward_and_step(loss, opt, scaler=scaler, clip_grad_norm=0.5)
+    clipped = torch.nn.utils.get_total_norm([p.grad for p in conv.parameters()]).item()
+    emit(conv_sum=conv_sum, spurious=spurious, grads_none=grads_none, exp_avg=exp_avg,
+         norm=float(norm), clipped=clipped, weight=digest(conv))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode")
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--stop-after", type=int)
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--ranks-differ", action="store_true")
+    args = parser.parse_args()
+    {"train": train, "one_step": one_step, "sharp_edges": sharp_edges}[args.mode](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
