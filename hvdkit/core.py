@@ -127,8 +127,9 @@ class Adapter(abc.ABC):
         assert self.warmup is not None, "call setup() first"
         return self.warmup.multiplier(step)
 
-    def save_checkpoint(self, extra: dict[str, Any] | None = None, *, next_epoch: int = 0
-                        ) -> Path | None:
+    def save_checkpoint(
+        self, extra: dict[str, Any] | None = None, *, next_epoch: int = 0
+    ) -> Path | None:
         """Collective: rank 0 writes the checkpoint atomically while the others wait, so no
         rank races ahead to read a file that is not there yet, and a failed write (disk
         full) stops every rank instead of leaving them waiting. Returns the path on rank 0."""
@@ -140,8 +141,11 @@ class Adapter(abc.ABC):
             try:
                 path = self._write_checkpoint(Path(self.config.checkpoint), state)
             except OSError as exc:
-                error = CheckpointError(self.config.checkpoint, f"cannot be written: {exc}",
-                                        "check free space and permissions of that directory")
+                error = CheckpointError(
+                    self.config.checkpoint,
+                    f"cannot be written: {exc}",
+                    "check free space and permissions of that directory",
+                )
         self.raise_on_root_error(error)
         return path
 
@@ -169,8 +173,9 @@ class Adapter(abc.ABC):
         rank (None when not resuming)."""
 
     @abc.abstractmethod
-    def _gather_checkpoint_state(self, extra: dict[str, Any], next_epoch: int
-                                 ) -> dict[str, Any] | None:
+    def _gather_checkpoint_state(
+        self, extra: dict[str, Any], next_epoch: int
+    ) -> dict[str, Any] | None:
         """Collective: everything to save, returned on rank 0 (None on the other ranks);
         resuming will start at ``next_epoch``."""
 

@@ -12,17 +12,39 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
 
 
-def horovodrun(script: str, *args: str, np: int = 2, controller: str = "gloo",
-               timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+def horovodrun(
+    script: str,
+    *args: str,
+    np: int = 2,
+    controller: str = "gloo",
+    timeout: float = 240,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
     """``horovodrun -np N -H localhost:N --gloo|--mpi python tests/workers/SCRIPT ARGS``."""
-    argv = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}",
-            sys.executable, str(WORKERS / script), *args]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                         stdin=subprocess.DEVNULL, env={**__import__("os").environ,
-                                                        "TF_CPP_MIN_LOG_LEVEL": "3"})
+    argv = [
+        HOROVODRUN,
+        "-np",
+        str(np),
+        "-H",
+        f"localhost:{np}",
+        f"--{controller}",
+        sys.executable,
+        str(WORKERS / script),
+        *args,
+    ]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     if check and out.returncode != 0:
-        raise AssertionError(f"horovodrun failed ({out.returncode}):\n{out.stdout[-4000:]}\n"
-                             f"{out.stderr[-4000:]}")
+        raise AssertionError(
+            f"horovodrun failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+        )
     return out
 
 

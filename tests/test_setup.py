@@ -20,6 +20,7 @@ BIN = Path(sys.executable).parent
 def test_import_hvdkit_imports_no_framework():
     code = (
         "import sys, hvdkit, hvdkit.cli, hvdkit.build.builder, hvdkit.doctor.checks\n"
+        "import hvdkit.core, hvdkit.lr, hvdkit.rank_zero, hvdkit.checkpoint\n"
         "loaded = {'torch', 'tensorflow', 'keras', 'horovod', 'mpi4py'} & set(sys.modules)\n"
         "assert not loaded, loaded"
     )

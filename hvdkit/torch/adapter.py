@@ -67,7 +67,9 @@ class TorchAdapter(Adapter):
 
     def _init(self) -> Topology:
         hvd.init()
-        return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank())
+        return Topology(
+            hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank()
+        )
 
     def _pin_device(self, topology: Topology) -> None:
         if torch.cuda.is_available():
@@ -165,8 +167,9 @@ class TorchAdapter(Adapter):
             set_rng_state(info["rng"][hvd.rank()])
         return info["extra"]
 
-    def _gather_checkpoint_state(self, extra: dict[str, Any], next_epoch: int
-                                 ) -> dict[str, Any] | None:
+    def _gather_checkpoint_state(
+        self, extra: dict[str, Any], next_epoch: int
+    ) -> dict[str, Any] | None:
         rngs = hvd.allgather_object(rng_state(), name="hvdkit.rng")
         if hvd.rank() != self.config.root_rank:
             return None

@@ -106,10 +106,11 @@ def load_optimizer_state_(optimizer: torch.optim.Optimizer, state_dict: dict[str
             f"optimizer state has param groups of sizes {saved_sizes}, this optimizer {sizes}"
         )
     params = {
-        pid: p for saved, group in zip(saved_groups, groups)
-        for pid, p in zip(saved["params"], group["params"])
+        pid: p
+        for saved, group in zip(saved_groups, groups, strict=True)
+        for pid, p in zip(saved["params"], group["params"], strict=True)
     }
-    for group, saved in zip(groups, saved_groups):
+    for group, saved in zip(groups, saved_groups, strict=True):
         group.update({k: v for k, v in saved.items() if k != "params"})
     optimizer.state.clear()
     for pid, entries in state_dict["state"].items():

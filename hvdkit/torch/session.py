@@ -8,7 +8,7 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from hvdkit import rank_zero
 from hvdkit.core import SetupConfig
@@ -69,27 +69,50 @@ class Session:
         *,
         shuffle: bool = True,
         drop_last: bool = False,
+        pad: bool = True,
         seed: int = 0,
         num_workers: int | None = None,
         **loader_kwargs: Any,
-    ) -> _EpochLoader:
+    ) -> _EpochLoader | DataLoader:
         """A DataLoader over this rank's shard of ``dataset``; ``batch_size`` is per rank.
 
-        Every rank gets the same number of batches (the sampler pads the last shard by
-        repeating samples unless ``drop_last``), so no rank waits forever for the others.
+        For training, every rank gets the same number of batches (the sampler pads the last
+        shard by repeating samples unless ``drop_last``), so no rank waits forever in an
+        allreduce. For evaluation pass ``shuffle=False, pad=False``: each sample is seen exactly
+        once, so metrics averaged with :meth:`average` are exact (ranks may then differ by one
+        batch: reduce once at the end, not per batch).
         """
+        if not pad:
+            if shuffle or drop_last:
+                raise ValueError("pad=False is for evaluation: use it with shuffle=False")
+            subset = Subset(dataset, range(self.rank, len(dataset), self.size))
+            return DataLoader(subset, batch_size=batch_size, shuffle=False, **loader_kwargs)
         sampler = DistributedSampler(
-            dataset, num_replicas=self.size, rank=self.rank, shuffle=shuffle, seed=seed,
+            dataset,
+            num_replicas=self.size,
+            rank=self.rank,
+            shuffle=shuffle,
+            seed=seed,
             drop_last=drop_last,
         )
         if num_workers is None:
-            num_workers = 0 if self.device.type == "cpu" else min(4, max(1, _cores() // self.topology.local_size))
+            num_workers = (
+                0
+                if self.device.type == "cpu"
+                else min(4, max(1, _cores() // self.topology.local_size))
+            )
         options: dict[str, Any] = {"pin_memory": self.device.type == "cuda"}
         if num_workers > 0:
             options.update(persistent_workers=True, prefetch_factor=2)
         options.update(loader_kwargs)
-        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler,
-                            num_workers=num_workers, drop_last=drop_last, **options)
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            **options,
+        )
         return _EpochLoader(loader, sampler, self)
 
     def backward_and_step(self, loss: torch.Tensor, **kwargs: Any) -> torch.Tensor | None:

@@ -45,8 +45,9 @@ def train(args):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     torch.manual_seed(1000 + rank_zero.rank())  # per-rank randomness; resume restores it
-    session = hvd.setup(model, opt, scheduler=sched, checkpoint=args.checkpoint,
-                        warmup_steps=args.warmup_steps)
+    session = hvd.setup(
+        model, opt, scheduler=sched, checkpoint=args.checkpoint, warmup_steps=args.warmup_steps
+    )
     x, y = data(args.samples)
     loader = session.shard(torch.utils.data.TensorDataset(x, y), batch_size=8)
     for epoch in session.epochs(args.epochs):
@@ -65,8 +66,9 @@ def train(args):
         if args.stop_after is not None and epoch + 1 == args.stop_after:
             break
     ckpts = sorted(os.listdir(os.path.dirname(args.checkpoint))) if args.checkpoint else []
-    emit(params=digest(session.model), steps=session.step_count, files=ckpts,
-         resumed=session.resumed)
+    emit(
+        params=digest(session.model), steps=session.step_count, files=ckpts, resumed=session.resumed
+    )
 
 
 def one_step(args):
@@ -106,24 +108,33 @@ def sharp_edges(args):
     spurious = (flat(lin) - before).abs().max().item()
 
     # Optimizer state that is channels_last (AdamW moments of the conv), broadcast from rank 0.
-    opt = hvd.DistributedOptimizer(torch.optim.AdamW(conv.parameters(), lr=0.01),
-                                   named_parameters=conv.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.AdamW(conv.parameters(), lr=0.01), named_parameters=conv.named_parameters()
+    )
     x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last) * (hvd.rank() + 1)
     conv(x).square().mean().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     grads_none = all(p.grad is None for p in conv.parameters())
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    exp_avg = hashlib.sha256(b"".join(
-        s["exp_avg"].contiguous().numpy().tobytes() for s in opt.state.values())).hexdigest()
+    exp_avg = hashlib.sha256(
+        b"".join(s["exp_avg"].contiguous().numpy().tobytes() for s in opt.state.values())
+    ).hexdigest()
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = conv(x).float().square().mean() * 1e3
     norm = hvd.backward_and_step(loss, opt, scaler=scaler, clip_grad_norm=0.5)
     clipped = torch.nn.utils.get_total_norm([p.grad for p in conv.parameters()]).item()
-    emit(conv_sum=conv_sum, spurious=spurious, grads_none=grads_none, exp_avg=exp_avg,
-         norm=float(norm), clipped=clipped, weight=digest(conv))
+    emit(
+        conv_sum=conv_sum,
+        spurious=spurious,
+        grads_none=grads_none,
+        exp_avg=exp_avg,
+        norm=float(norm),
+        clipped=clipped,
+        weight=digest(conv),
+    )
 
 
 def main():

@@ -1,0 +1,117 @@
+"""Pure pieces of the six steps: LR scaling and warmup, atomic checkpoint writes, rank 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hvdkit import rank_zero
+from hvdkit.checkpoint import atomic_write
+from hvdkit.core import SetupConfig
+from hvdkit.lr import Warmup, scale_factor, warmup_steps
+
+
+def test_scale_factor_policies():
+    assert scale_factor("size", 8, 4) == 8.0
+    assert scale_factor("local_size", 8, 4) == 4.0
+    assert scale_factor("none", 8, 4) == 1.0
+    with pytest.raises(ValueError, match="lr_scaling='linear'"):
+        scale_factor("linear", 8, 4)
+
+
+def test_warmup_ramps_linearly_to_the_factor():
+    w = Warmup(factor=4.0, steps=100)
+    assert w.multiplier(0) == 1.0
+    assert w.multiplier(50) == 2.5
+    assert w.multiplier(99) == pytest.approx(3.97)
+    assert w.multiplier(100) == w.multiplier(10_000) == 4.0
+    assert Warmup(factor=4.0).multiplier(0) == 4.0
+
+
+def test_warmup_length_from_epochs_or_steps():
+    assert warmup_steps(epochs=5, steps_per_epoch=100) == 500
+    assert warmup_steps(epochs=0.5, steps_per_epoch=3) == 2
+    assert warmup_steps(steps=7) == 7
+    with pytest.raises(ValueError, match="not both"):
+        warmup_steps(epochs=1, steps=1)
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        warmup_steps(epochs=1)
+
+
+def test_setup_config_validates_early():
+    with pytest.raises(ValueError, match="op='max'"):
+        SetupConfig(op="max")
+    with pytest.raises(ValueError, match="compression='bf16'"):
+        SetupConfig(compression="bf16")
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        SetupConfig(warmup_epochs=5)
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "sub" / "ckpt.bin"
+    atomic_write(path, lambda fh: fh.write(b"first"))
+    atomic_write(path, lambda fh: fh.write(b"second"))
+    assert path.read_bytes() == b"second"
+    assert os.listdir(path.parent) == ["ckpt.bin"]
+
+
+def test_atomic_write_error_keeps_previous(tmp_path):
+    path = tmp_path / "ckpt.bin"
+    atomic_write(path, lambda fh: fh.write(b"good"))
+
+    def failing(fh):
+        fh.write(b"half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_write(path, failing)
+    assert path.read_bytes() == b"good"
+    assert os.listdir(tmp_path) == ["ckpt.bin"]
+
+
+WRITER = """
+import sys, time
+from hvdkit.checkpoint import atomic_write
+def slow(fh):
+    fh.write(b"x" * 1_000_000)
+    fh.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+atomic_write(sys.argv[1], slow)
+"""
+
+
+def test_writer_killed_mid_save_leaves_previous_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.bin"
+    atomic_write(path, lambda fh: fh.write(b"previous"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert path.read_bytes() == b"previous"
+    # Only a hidden temporary remains, never a file under the checkpoint's name.
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["ckpt.bin"]
+
+
+def test_rank_from_launcher_environment(monkeypatch):
+    monkeypatch.setattr(rank_zero, "_rank", None)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    assert rank_zero.rank() == 3 and not rank_zero.is_rank_zero()
+    assert rank_zero.print0("hidden") is None
+    rank_zero.set_rank(0)
+    assert rank_zero.is_rank_zero()
+
+
+def test_print0_only_on_rank_zero(monkeypatch, capsys):
+    monkeypatch.setattr(rank_zero, "_rank", 1)
+    rank_zero.print0("from rank 1")
+    monkeypatch.setattr(rank_zero, "_rank", 0)
+    rank_zero.print0("from rank 0")
+    assert capsys.readouterr().out == "from rank 0\n"
