@@ -9,3 +9,9 @@ BUILD_JOBS = "HVDKIT_BUILD_JOBS"
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
 CXX = "CXX"
 CUDA_HOME = "CUDA_HOME"
+
+DATA_DIR = "HVDKIT_DATA_DIR"
+"""Where the examples look for a local MNIST / Fashion-MNIST copy first."""
+
+PROGRESS = "HVDKIT_PROGRESS"
+"""``1`` shows rank 0's progress bars even when its output is not a terminal."""

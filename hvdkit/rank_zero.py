@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from hvdkit import envvars
+
 T = TypeVar("T")
 _RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 _rank: int | None = None
@@ -77,14 +79,20 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def progress(iterable: Iterable[T], **kwargs: Any) -> Iterator[T]:
-    """A tqdm progress bar on rank 0 (plain iteration elsewhere, or without tqdm)."""
+    """A tqdm progress bar on rank 0 (plain iteration elsewhere, or without tqdm).
+
+    Shown when rank 0's stderr is a terminal (``mpirun``/``srun`` in a shell); launchers
+    that pipe output, like ``horovodrun``, would turn its redraws into noise, so there it is
+    off unless ``HVDKIT_PROGRESS=1``."""
     if is_rank_zero():
         try:
             from tqdm.auto import tqdm
         except ImportError:
             pass
         else:
-            yield from tqdm(iterable, **{"dynamic_ncols": True, **kwargs})
+            forced = os.environ.get(envvars.PROGRESS) == "1"
+            options = {"dynamic_ncols": True, "disable": False if forced else None, **kwargs}
+            yield from tqdm(iterable, **options)
             return
     yield from iterable
 

@@ -10,8 +10,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_params_identical_on_all_ranks_after_training(tmp_path, controller):
-    out = horovodrun("torch_worker.py", "train", "--ranks-differ", "--epochs", "2",
-                     controller=controller)
+    out = horovodrun(
+        "torch_worker.py", "train", "--ranks-differ", "--epochs", "2", controller=controller
+    )
     r = results(out)
     assert set(r) == {0, 1}
     assert r[0]["params"] == r[1]["params"]
@@ -26,11 +27,22 @@ def test_one_step_np2_equals_np1_with_double_batch():
 
 
 def test_resume_gives_identical_weights(tmp_path):
-    straight = results(horovodrun("torch_worker.py", "train", "--epochs", "4",
-                                  "--checkpoint", str(tmp_path / "a" / "ckpt.pt")))
+    straight = results(
+        horovodrun(
+            "torch_worker.py",
+            "train",
+            "--epochs",
+            "4",
+            "--checkpoint",
+            str(tmp_path / "a" / "ckpt.pt"),
+        )
+    )
     ckpt = str(tmp_path / "b" / "ckpt.pt")
-    first = results(horovodrun("torch_worker.py", "train", "--epochs", "4", "--stop-after", "2",
-                               "--checkpoint", ckpt))
+    first = results(
+        horovodrun(
+            "torch_worker.py", "train", "--epochs", "4", "--stop-after", "2", "--checkpoint", ckpt
+        )
+    )
     assert first[0]["resumed"] is None and first[0]["steps"] == 8
     second = results(horovodrun("torch_worker.py", "train", "--epochs", "4", "--checkpoint", ckpt))
     assert second[0]["resumed"] == {"batches": 4}
@@ -43,8 +55,19 @@ def test_resume_gives_identical_weights(tmp_path):
 
 def test_uneven_shards_finish_and_checkpoint_once(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
-    r = results(horovodrun("torch_worker.py", "train", "--samples", "37", "--epochs", "2",
-                           "--checkpoint", str(ckpt), timeout=180))
+    r = results(
+        horovodrun(
+            "torch_worker.py",
+            "train",
+            "--samples",
+            "37",
+            "--epochs",
+            "2",
+            "--checkpoint",
+            str(ckpt),
+            timeout=180,
+        )
+    )
     assert r[0]["params"] == r[1]["params"]
     assert r[0]["files"] == ["ckpt.pt"]
 
@@ -62,8 +85,9 @@ def test_sharp_edges_fixed():
 def test_corrupt_checkpoint_fails_on_every_rank_naming_the_file(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     ckpt.write_bytes(b"not a checkpoint")
-    out = horovodrun("torch_worker.py", "train", "--checkpoint", str(ckpt), check=False,
-                     timeout=180)
+    out = horovodrun(
+        "torch_worker.py", "train", "--checkpoint", str(ckpt), check=False, timeout=180
+    )
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert f"checkpoint {ckpt}: cannot be read" in text
