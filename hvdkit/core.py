@@ -45,6 +45,18 @@ class Topology:
     cross_rank: int
 
 
+def require_gpu_per_rank(topology: Topology, visible_gpus: int) -> None:
+    """Raise when this host runs more processes than it has GPUs: NCCL refuses two ranks on
+    one GPU, and sharing one would be slow anyway."""
+    if topology.local_rank >= visible_gpus:
+        raise RuntimeError(
+            f"rank {topology.rank}: this host runs {topology.local_size} processes but only "
+            f"{visible_gpus} GPU(s) are visible; one GPU per process is required. Fix: start at "
+            f"most {visible_gpus} processes per host (slots in the hostfile / -np), or check "
+            "CUDA_VISIBLE_DEVICES."
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SetupConfig:
     """Options of the six steps, shared by every adapter.

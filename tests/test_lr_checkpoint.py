@@ -115,3 +115,11 @@ def test_print0_only_on_rank_zero(monkeypatch, capsys):
     monkeypatch.setattr(rank_zero, "_rank", 0)
     rank_zero.print0("from rank 0")
     assert capsys.readouterr().out == "from rank 0\n"
+
+
+def test_more_ranks_than_gpus_is_a_clear_error():
+    from hvdkit.core import Topology, require_gpu_per_rank
+
+    require_gpu_per_rank(Topology(rank=5, size=8, local_rank=1, local_size=2, cross_rank=2), 2)
+    with pytest.raises(RuntimeError, match="runs 4 processes but only 2 GPU"):
+        require_gpu_per_rank(Topology(rank=2, size=4, local_rank=2, local_size=4, cross_rank=0), 2)

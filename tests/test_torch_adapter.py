@@ -92,3 +92,55 @@ def test_corrupt_checkpoint_fails_on_every_rank_naming_the_file(tmp_path):
     text = out.stdout + out.stderr
     assert f"checkpoint {ckpt}: cannot be read" in text
     assert "rank 0 failed" in text  # the other rank stopped too instead of hanging
+
+
+def test_warmup_reaches_size_times_lr_and_composes_with_scheduler():
+    r = results(horovodrun("torch_worker.py", "warmup"))
+    # base LR 0.1 halved every 3 steps by StepLR; multiplier 1 -> 2 over 4 warmup steps.
+    base = [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025]
+    multiplier = [1.0, 1.25, 1.5, 1.75, 2.0, 2.0, 2.0]
+    for rank in (0, 1):
+        assert r[rank]["lrs"] == pytest.approx(
+            [b * m for b, m in zip(base, multiplier, strict=True)]
+        )
+    # Outside the step the group shows the scheduler's single-process LR.
+    assert r[0]["group_lr"] == pytest.approx(0.025)
+
+
+def test_metric_average_is_exact_on_unequal_shards():
+    r = results(horovodrun("torch_worker.py", "metrics"))
+    # rank 0: one sample of 10; rank 1: two samples of 20 -> (10 + 40) / 3.
+    assert r[0]["mean"] == r[1]["mean"] == pytest.approx(50 / 3)
+
+
+def test_horovod_script_runs_with_only_the_import_changed():
+    r = results(horovodrun("torch_worker.py", "horovod_script", controller="mpi"))
+    assert r[0]["params"] == r[1]["params"]
+    assert r[0]["loss"] == 1.5 and r[0]["gathered"] == [0, 1]
+    assert r[1]["obj"] == {"from": 0}
+
+
+def test_mismatched_checkpoint_fails_on_every_rank(tmp_path):
+    ckpt = str(tmp_path / "ckpt.pt")
+    horovodrun("torch_worker.py", "train", "--epochs", "1", "--checkpoint", ckpt)
+    out = horovodrun(
+        "torch_worker.py",
+        "train",
+        "--epochs",
+        "2",
+        "--hidden",
+        "32",
+        "--checkpoint",
+        ckpt,
+        check=False,
+        timeout=180,
+    )
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert f"checkpoint {ckpt}: does not match this model/optimizer" in text
+    assert "rank 0 failed" in text
+
+
+def test_gradient_accumulation_matches_one_big_step():
+    r = results(horovodrun("torch_worker.py", "accumulate"))
+    assert r[0]["diff"] < 1e-6 and r[1]["diff"] < 1e-6, r

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hvdkit.checkpoint import CheckpointError, atomic_write
-from hvdkit.core import Adapter, SetupConfig, Topology
+from hvdkit.core import Adapter, SetupConfig, Topology, require_gpu_per_rank
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -73,20 +73,12 @@ class TorchAdapter(Adapter):
 
     def _pin_device(self, topology: Topology) -> None:
         if torch.cuda.is_available():
-            visible = torch.cuda.device_count()
-            if topology.local_rank >= visible:
-                raise RuntimeError(
-                    f"rank {topology.rank}: this host runs {topology.local_size} processes but "
-                    f"only {visible} GPU(s) are visible; one GPU per process is required "
-                    "(NCCL refuses two ranks on one GPU). Fix: start at most "
-                    f"{visible} processes per host (slots in the hostfile / -np), or check "
-                    "CUDA_VISIBLE_DEVICES."
-                )
+            require_gpu_per_rank(topology, torch.cuda.device_count())
             torch.cuda.set_device(topology.local_rank)
             self.device = torch.device("cuda", topology.local_rank)
         else:
             # Each rank gets its share of the cores instead of all of them fighting.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // topology.local_size))
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // topology.local_size))
         self.model.to(self.device)
 
     def _wrap_optimizer(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ class Session:
             num_workers = (
                 0
                 if self.device.type == "cpu"
-                else min(4, max(1, _cores() // self.topology.local_size))
+                else min(4, max(1, len(os.sched_getaffinity(0)) // self.topology.local_size))
             )
         options: dict[str, Any] = {"pin_memory": self.device.type == "cuda"}
         if num_workers > 0:
@@ -135,12 +136,6 @@ class Session:
 
     print = staticmethod(rank_zero.print0)
     progress = staticmethod(rank_zero.progress)
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 def setup(

@@ -19,9 +19,11 @@ def emit(**values):
     print("RESULT " + json.dumps({"rank": hvd.rank(), **values}), flush=True)
 
 
-def make_model(seed: int) -> torch.nn.Module:
+def make_model(seed: int, hidden: int = 16) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 3)
+    )
 
 
 def flat(model: torch.nn.Module) -> torch.Tensor:
@@ -41,7 +43,7 @@ def data(n: int, seed: int = 123):
 
 def train(args):
     # Every rank starts from different weights: setup must broadcast rank 0's.
-    model = make_model(seed=rank_zero.rank() if args.ranks_differ else 0)  # before init
+    model = make_model(rank_zero.rank() if args.ranks_differ else 0, args.hidden)  # before init
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     torch.manual_seed(1000 + rank_zero.rank())  # per-rank randomness; resume restores it
@@ -91,6 +93,30 @@ def one_step(args):
     emit(diff=diff, moved=moved)
 
 
+def accumulate(args):
+    """backward_passes_per_step=2: two micro-batches per rank, one reduced step, equal to one
+    single-process step over all four micro-batches (sum of per-micro-batch mean losses,
+    averaged over ranks)."""
+    b, lr = 4, 0.1
+    hvd.init()
+    x, y = data(2 * b * hvd.size(), seed=11)
+    model = make_model(0)
+    session = hvd.setup(
+        model, torch.optim.SGD(model.parameters(), lr=lr), backward_passes_per_step=2
+    )
+    session.optimizer.zero_grad()
+    for m in range(2):
+        part = slice((2 * hvd.rank() + m) * b, (2 * hvd.rank() + m + 1) * b)
+        F.cross_entropy(session.model(x[part]), y[part]).backward()
+    session.optimizer.step()
+    ref = make_model(0)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr * hvd.size())
+    parts = [slice(i * b, (i + 1) * b) for i in range(2 * hvd.size())]
+    (sum(F.cross_entropy(ref(x[p]), y[p]) for p in parts) / hvd.size()).backward()
+    ref_opt.step()
+    emit(diff=(flat(session.model) - flat(ref)).abs().max().item())
+
+
 def sharp_edges(args):
     """channels_last broadcast, fresh AdamW broadcast, zero_grad(set_to_none), AMP + clip."""
     hvd.init()
@@ -137,6 +163,61 @@ def sharp_edges(args):
     )
 
 
+def warmup(args):
+    """Effective LR per step, read off SGD's update of a weight whose gradient is 1."""
+    w = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(w.weight)
+    opt = torch.optim.SGD(w.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    session = hvd.setup(w, opt, scheduler=sched, warmup_steps=4)
+    lrs = []
+    for _ in range(7):
+        before = w.weight.item()
+        session.optimizer.zero_grad()
+        session.backward_and_step(w.weight.sum())
+        session.scheduler.step()
+        lrs.append(before - w.weight.item())
+    emit(lrs=lrs, group_lr=session.optimizer.param_groups[0]["lr"])
+
+
+def metrics(args):
+    """Unequal shards: rank r holds r + 1 samples of value 10 * (r + 1)."""
+    hvd.init()
+    n = hvd.rank() + 1
+    values = [10.0 * n] * n
+    lin = torch.nn.Linear(1, 1)
+    session = hvd.setup(lin, torch.optim.SGD(lin.parameters(), lr=0.1))
+    emit(mean=session.average(sum(values), len(values)))
+
+
+def horovod_script(args):
+    """A horovod.torch-style script with only the import changed (Horovod's MNIST shape)."""
+    hvd.init()
+    torch.manual_seed(42 + hvd.rank())
+    model = make_model(0 + hvd.rank())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.5)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16,
+        op=hvd.Average,
+    )
+    x, y = data(64)
+    for i in range(4):
+        xb, yb = x[i * 16 + hvd.rank() * 8 :][:8], y[i * 16 + hvd.rank() * 8 :][:8]
+        optimizer.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        optimizer.step()
+    loss = hvd.allreduce(torch.tensor(1.0 + hvd.rank()), name="avg_loss").item()
+    gathered = hvd.allgather(torch.tensor([hvd.rank()])).tolist()
+    obj = hvd.broadcast_object({"from": hvd.rank()}, root_rank=0)
+    hvd.join()
+    hvd.barrier()
+    emit(params=digest(model), loss=loss, gathered=gathered, obj=obj)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("mode")
@@ -146,8 +227,18 @@ def main():
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--ranks-differ", action="store_true")
+    parser.add_argument("--hidden", type=int, default=16)
     args = parser.parse_args()
-    {"train": train, "one_step": one_step, "sharp_edges": sharp_edges}[args.mode](args)
+    modes = {
+        "train": train,
+        "one_step": one_step,
+        "sharp_edges": sharp_edges,
+        "warmup": warmup,
+        "metrics": metrics,
+        "accumulate": accumulate,
+        "horovod_script": horovod_script,
+    }
+    modes[args.mode](args)
     return 0
 
 
