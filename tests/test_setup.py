@@ -80,17 +80,25 @@ def test_readme_troubleshooting_covers_every_known_failure():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_second_make_setup_does_nothing():
+def _make_setup(
+    cwd: Path, *args: str, timeout: float, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """``make setup ARGS`` in ``cwd``; the result and how long it took."""
     start = time.monotonic()
     out = subprocess.run(
-        ["make", "setup"],
-        cwd=ROOT,
+        ["make", "setup", *args],
+        cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
-    took = time.monotonic() - start
+    return out, time.monotonic() - start
+
+
+def test_second_make_setup_does_nothing():
+    out, took = _make_setup(ROOT, timeout=280)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "already installed for this key; nothing to do" in out.stdout
     assert "Compiling Horovod" not in out.stdout
@@ -117,17 +125,7 @@ def test_fresh_checkout_reuses_cached_wheel(tmp_path):
     clone = tmp_path / "clone"
     _copy_checkout(clone)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
-    start = time.monotonic()
-    out = subprocess.run(
-        ["make", "setup", f"VENV={tmp_path / 'venv'}"],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1400,
-        stdin=subprocess.DEVNULL,
-    )
-    took = time.monotonic() - start
+    out, took = _make_setup(clone, f"VENV={tmp_path / 'venv'}", timeout=1400, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Reusing cached wheel" in out.stdout, out.stdout
     assert "Compiling Horovod" not in out.stdout
