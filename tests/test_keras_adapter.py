@@ -1,0 +1,31 @@
+"""hvdkit.keras on Keras 3 with real processes, on both backends Horovod can serve."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import horovodrun, results
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+BACKENDS = ["tensorflow", "torch"]
+
+
+@pytest.fixture(params=BACKENDS)
+def keras_backend(request, monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("mode", ["fit", "fit_eager"])
+def test_weights_identical_on_all_ranks_after_fit(keras_backend, mode):
+    r = results(horovodrun("keras_worker.py", mode))
+    assert r[0]["backend"] == keras_backend == os.environ["KERAS_BACKEND"]
+    assert r[0]["weights"] == r[1]["weights"]
+
+
+def test_one_step_np2_equals_np1_with_double_batch(keras_backend):
+    r = results(horovodrun("keras_worker.py", "one_step"))
+    for rank in (0, 1):
+        assert r[rank]["moved"] > 1e-3
+        assert r[rank]["diff"] < 1e-5, r[rank]
