@@ -29,3 +29,12 @@ def test_one_step_np2_equals_np1_with_double_batch(keras_backend):
     for rank in (0, 1):
         assert r[rank]["moved"] > 1e-3
         assert r[rank]["diff"] < 1e-5, r[rank]
+
+
+def test_metric_average_is_global_on_unequal_shards_whatever_the_callback_order(keras_backend):
+    r = results(horovodrun("keras_worker.py", "metrics"))
+    for rank in (0, 1):
+        seen = r[rank]["seen"]
+        assert seen["loss"] == pytest.approx(r[rank]["loss"], rel=1e-5)
+        assert seen["mae"] == pytest.approx(r[rank]["mae"], rel=1e-5)
+        assert seen["val_loss"] == pytest.approx(r[rank]["val_loss"], rel=1e-5)

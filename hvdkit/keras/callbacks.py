@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from hvdkit.keras import backend
+from hvdkit.keras.metrics import install_metric_averaging
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -21,3 +22,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
         backend.broadcast_variables(variables, self.root_rank)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average epoch metrics (train and validation) over all ranks, weighted by each rank's
+    sample count. Unlike Horovod's, it need not come first in the list: it hooks the model
+    when training begins, so every callback (ReduceLROnPlateau, EarlyStopping, TensorBoard,
+    checkpoints) sees the global values."""
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        install_metric_averaging(self.model)

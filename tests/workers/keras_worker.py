@@ -75,6 +75,57 @@ def one_step() -> None:
     )
 
 
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.logs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs.append(dict(logs))
+
+
+def metrics() -> None:
+    """Unequal shards (16 vs 48 samples, 20 vs 6 validation), LR 0 so the model is fixed: the
+    logs every callback sees must be the global per-sample means."""
+    hvd.init()
+    model = model_for(0)
+    # Plain SGD: shards of unequal length take unequal numbers of steps, and a per-step
+    # gradient allreduce would then wait forever (that is what join() is for).
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=["mae"], jit_compile=False
+    )
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+    vx, vy = x[:26] * 2, y[:26] - 1
+    mine = slice(0, 16) if hvd.rank() == 0 else slice(16, 64)
+    vmine = slice(0, 20) if hvd.rank() == 0 else slice(20, 26)
+    recorder = Recorder()  # listed before the averaging callback on purpose
+    model.fit(
+        x[mine],
+        y[mine],
+        validation_data=(vx[vmine], vy[vmine]),
+        batch_size=16,
+        epochs=1,
+        verbose=0,
+        shuffle=False,
+        callbacks=[recorder, hvd.callbacks.MetricAverageCallback()],
+    )
+    pred, vpred = keras.ops.convert_to_numpy(model(x)), keras.ops.convert_to_numpy(model(vx))
+    emit(
+        seen=recorder.logs[-1],
+        loss=float(np.mean((pred - y) ** 2)),
+        mae=float(np.mean(np.abs(pred - y))),
+        val_loss=float(np.mean((vpred - vy) ** 2)),
+    )
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    {"fit": lambda: fit(False), "fit_eager": lambda: fit(True), "one_step": one_step}[mode]()
+    modes = {
+        "fit": lambda: fit(False),
+        "fit_eager": lambda: fit(True),
+        "one_step": one_step,
+        "metrics": metrics,
+    }
+    modes[mode]()
