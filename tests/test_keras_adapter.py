@@ -38,3 +38,13 @@ def test_metric_average_is_global_on_unequal_shards_whatever_the_callback_order(
         assert seen["loss"] == pytest.approx(r[rank]["loss"], rel=1e-5)
         assert seen["mae"] == pytest.approx(r[rank]["mae"], rel=1e-5)
         assert seen["val_loss"] == pytest.approx(r[rank]["val_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["float", "schedule"])
+def test_warmup_reaches_full_lr_at_the_right_step(keras_backend, kind):
+    r = results(horovodrun("keras_worker.py", f"warmup_{kind}"))
+    ramp = [0.5, 0.625, 0.75, 0.875, 1.0, 1.0, 1.0, 1.0]  # 2 ranks, 4 warmup steps
+    base = [0.2 * (0.9**i if kind == "schedule" else 1.0) for i in range(8)]
+    expected = [b * m for b, m in zip(base, ramp, strict=True)]
+    for rank in (0, 1):
+        assert r[rank]["lrs"] == pytest.approx(expected, rel=1e-4)

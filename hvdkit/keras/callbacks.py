@@ -5,7 +5,14 @@ from __future__ import annotations
 import keras
 
 from hvdkit.keras import backend
+from hvdkit.keras.lr import LearningRateWarmupCallback
 from hvdkit.keras.metrics import install_metric_averaging
+
+__all__ = [
+    "BroadcastGlobalVariablesCallback",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+]
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

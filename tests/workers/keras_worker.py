@@ -120,6 +120,45 @@ def metrics() -> None:
     )
 
 
+def warmup(schedule: bool) -> None:
+    """Effective LR per step, read off SGD's update of a kernel whose gradient is 1."""
+    hvd.init()
+    model = keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
+    lr = (
+        keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=1, decay_rate=0.9)
+        if schedule
+        else 0.2
+    )
+    model.compile(
+        optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr)),
+        loss=lambda y_true, y_pred: keras.ops.mean(y_pred),
+        jit_compile=False,
+    )
+    kernels = []
+
+    class Track(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            kernels.append(float(keras.ops.convert_to_numpy(model.weights[0])[0, 0]))
+
+    x = np.ones((8, 1), "float32")
+    model.fit(
+        x,
+        x,
+        batch_size=2,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        callbacks=[
+            hvd.callbacks.LearningRateWarmupCallback(None if schedule else 0.2, warmup_epochs=1),
+            Track(),
+        ],
+    )
+    steps = [0.0, *kernels]
+    emit(lrs=[steps[i] - steps[i + 1] for i in range(len(kernels))])
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     modes = {
@@ -127,5 +166,7 @@ if __name__ == "__main__":
         "fit_eager": lambda: fit(True),
         "one_step": one_step,
         "metrics": metrics,
+        "warmup_float": lambda: warmup(False),
+        "warmup_schedule": lambda: warmup(True),
     }
     modes[mode]()
