@@ -34,6 +34,11 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         base = self.inner(step) if callable(self.inner) else self.inner
         return base * self.ramp(step)
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> WarmupSchedule:
+        inner = keras.saving.deserialize_keras_object(config["inner"])
+        return cls(inner, config["warmup_steps"], config["size"])
+
     def get_config(self) -> dict[str, Any]:
         return {
             "inner": keras.saving.serialize_keras_object(self.inner),
