@@ -10,7 +10,7 @@ implements only the ``_``-prefixed hooks; :meth:`Adapter.setup` runs them in thi
 5. ``_broadcast_state`` from rank 0, so every rank starts from identical weights (those of the
    checkpoint when resuming: no shared filesystem needed);
 6. the LR scaled by world size with linear warmup (:mod:`hvdkit.lr`), applied by the adapter
-   at each optimizer step (``_apply_lr_multiplier``).
+   at each optimizer step (:meth:`Adapter.lr_multiplier`).
 
 Saving is gated here as well: only rank 0 writes, atomically (:mod:`hvdkit.checkpoint`).
 """

@@ -206,8 +206,9 @@ def build_horovod(cfg: BuildConfig, log: Log = print, force: bool = False) -> Bu
         return BuildResult(key, "installed", None, time.monotonic() - start)
     env = _ensure_system_packages(env, cfg, log)
     remedies = plan_remedies(env, cfg)
-    if cache_key(env, cfg) != key:
-        key = cache_key(env, cfg)
+    installed_key = cache_key(env, cfg)
+    if installed_key != key:
+        key = installed_key
         log(f"Cache key with the installed system packages: {key}")
     cache = WheelCache(cfg.wheel_dir)
     pip_packages = sorted({p for r in remedies for p in r.pip_packages})
@@ -225,8 +226,8 @@ def build_horovod(cfg: BuildConfig, log: Log = print, force: bool = False) -> Bu
         log(f"Reusing cached wheel {wheel}")
         _install(wheel, cfg, env, key, log)
         return BuildResult(key, "cache", wheel, time.monotonic() - start)
-    if "cmake-policy" in {r.key for r in remedies} and env.cmake is None:
-        env = probe()  # CMake was just installed from PyPI
+    if env.cmake is None:
+        env = probe()  # the cmake-policy remedy just installed CMake from PyPI
     sdist = _fetch_sdist(cfg, log)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     log_path = cfg.log_dir / f"{key}-{time.strftime('%Y%m%d-%H%M%S')}.log"

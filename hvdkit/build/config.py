@@ -10,6 +10,7 @@ from hvdkit import envvars
 
 HOROVOD_VERSION = "0.28.1"
 FRAMEWORKS = ("torch", "tensorflow")
+FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
 CONTROLLERS = ("gloo", "mpi")
 SYSTEM_DEPS_MODES = ("auto", "apt", "check")
 

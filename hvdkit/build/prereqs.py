@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdkit.build.config import BuildConfig, BuildEnv
+from hvdkit.build.config import FRAMEWORK_NAMES, BuildConfig, BuildEnv
 from hvdkit.build.remedies import Remedy
 
 STACK_FILE = "hvdkit/build/stack-cpu.txt"
@@ -77,7 +77,7 @@ def find_problems(env: BuildEnv, cfg: BuildConfig, packages_to_install: list[str
         )
     for name in cfg.frameworks:
         if not env.has_framework(name):
-            pretty = {"torch": "PyTorch", "tensorflow": "TensorFlow"}[name]
+            pretty = FRAMEWORK_NAMES[name]
             problems.append(
                 Problem(
                     f"--frameworks includes {name}, but {pretty} is not installed in this "

@@ -7,7 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from hvdkit.build.config import CONTROLLERS, HOROVOD_VERSION, BuildConfig, default_cache_dir
+from hvdkit.build.config import (
+    CONTROLLERS,
+    FRAMEWORKS,
+    HOROVOD_VERSION,
+    BuildConfig,
+    default_cache_dir,
+)
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -99,7 +105,7 @@ def build_horovod_command(args: argparse.Namespace) -> int:
     frameworks = args.frameworks
     if frameworks is None:
         assert env is not None
-        frameworks = tuple(f for f in ("torch", "tensorflow") if env.has_framework(f))
+        frameworks = tuple(f for f in FRAMEWORKS if env.has_framework(f))
         if not frameworks:
             print(
                 "error: neither PyTorch nor TensorFlow is installed in this Python "

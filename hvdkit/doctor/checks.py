@@ -16,12 +16,12 @@ from pathlib import Path
 
 from hvdkit import __version__
 from hvdkit.build.builder import MARKER
+from hvdkit.build.config import FRAMEWORK_NAMES
 from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
 from hvdkit.build.probe import dist_version
 from hvdkit.doctor.worker import PREFIX
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
-FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
 REBUILD = "hvdkit build-horovod --force (or `make setup` in an hvdkit checkout)"
 
 
@@ -67,7 +67,7 @@ def version_checks() -> Iterator[Check]:
         if horovod
         else Check(FAIL, "Horovod", "not installed", "hvdkit build-horovod (or `make setup`)")
     )
-    for dist, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")):
+    for dist, name in FRAMEWORK_NAMES.items():
         version = dist_version(dist, f"{dist}-cpu")
         yield Check(PASS, name, version) if version else Check(SKIP, name, "not installed")
     keras = dist_version("keras")

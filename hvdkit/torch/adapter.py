@@ -153,7 +153,8 @@ class TorchAdapter(Adapter):
         if info is None:
             return None
         self.step_count, self.epoch = info["step"], info["epoch"]
-        if self.scheduler is not None and info["scheduler"] is not None:
+        # Rank 0 loaded it above, where a mismatch is reported to every rank.
+        if self.scheduler is not None and info["scheduler"] is not None and hvd.rank() != root:
             self.scheduler.load_state_dict(info["scheduler"])
         if info["world_size"] == hvd.size():
             set_rng_state(info["rng"][hvd.rank()])
