@@ -4,9 +4,10 @@ never a half-written file. Framework-agnostic: the adapters pass the serializer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,20 +20,25 @@ class CheckpointError(RuntimeError):
         self.path = Path(path)
 
 
-def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(fileobj)`` into a temporary file beside ``path``, fsync it, and rename it
-    to ``path``; on any error the temporary file is removed and ``path`` is untouched."""
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write to (by any library); on success it is
+    fsynced and renamed to ``path``, on any error removed, leaving ``path`` untouched. The
+    temporary name keeps the suffix, for writers that insist on one (``.keras``,
+    ``.weights.h5``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    suffix = ".weights.h5" if path.name.endswith(".weights.h5") else path.suffix
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
+        yield tmp
+        with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     # The rename itself must reach the disk too, or a power cut can undo it.
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -40,4 +46,11 @@ def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> Path:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return path
+
+
+def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write(fileobj)`` into a temporary file beside ``path`` and rename it to ``path``
+    (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        write(fh)
+    return Path(path)

@@ -18,6 +18,7 @@ Saving is gated here as well: only rank 0 writes, atomically (:mod:`hvdkit.check
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,12 @@ class Topology:
     local_rank: int
     local_size: int
     cross_rank: int
+
+
+def threads_per_rank(topology: Topology) -> int:
+    """CPU threads for one process: its share of this host's cores, so the ranks on a host do
+    not all fight for every core."""
+    return max(1, len(os.sched_getaffinity(0)) // topology.local_size)
 
 
 def require_gpu_per_rank(topology: Topology, visible_gpus: int) -> None:
@@ -115,8 +122,16 @@ class Adapter(abc.ABC):
         )
         self.warmup = Warmup(factor=factor, steps=steps)
         self._wrap_optimizer()
+        self.resume()
+
+    def resume(self) -> dict[str, Any] | None:
+        """Steps 4 and 5 (collective): rank 0 reads the checkpoint if there is one, then the
+        state is broadcast from it. Returns the checkpoint's extra state (None when fresh)."""
+        cfg = self.config
+        if self.topology is None:  # joining a job initialised elsewhere (e.g. a fit callback)
+            self.topology = self._init()
         state, error = None, None
-        if cfg.resume and cfg.checkpoint is not None and topo.rank == cfg.root_rank:
+        if cfg.resume and cfg.checkpoint is not None and self.topology.rank == cfg.root_rank:
             if Path(cfg.checkpoint).exists():
                 try:
                     state = self._read_checkpoint(Path(cfg.checkpoint))
@@ -124,6 +139,7 @@ class Adapter(abc.ABC):
                     error = exc
         self.raise_on_root_error(error)
         self.resumed = self._broadcast_state(state)
+        return self.resumed
 
     def raise_on_root_error(self, error: Exception | None) -> None:
         """Collective: if rank 0 hit ``error``, raise it on every rank. Without this, rank 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ def horovodrun(
         timeout=timeout,
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
-        env={**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     if check and out.returncode != 0:
         raise AssertionError(
@@ -60,3 +61,29 @@ def results(out: subprocess.CompletedProcess) -> dict[int, dict]:
         by_rank[value["rank"]] = value
         start = text.find("RESULT ", start + 1)
     return by_rank
+
+
+def run_example(script: str, *args: str, controller: str = "gloo", env: dict | None = None) -> str:
+    """``horovodrun -np 2`` of ``examples/SCRIPT``; its stdout (fails with the output tail)."""
+    argv = [
+        HOROVODRUN,
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        f"--{controller}",
+        sys.executable,
+        str(ROOT / "examples" / script),
+        *args,
+    ]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=850,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout

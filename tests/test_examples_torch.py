@@ -3,32 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import HOROVODRUN, ROOT
+from conftest import run_example
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
-
-
-def run_example(script: str, *args: str, controller: str = "gloo") -> str:
-    argv = [
-        HOROVODRUN,
-        "-np",
-        "2",
-        "-H",
-        "localhost:2",
-        f"--{controller}",
-        sys.executable,
-        str(ROOT / "examples" / script),
-        *args,
-    ]
-    out = subprocess.run(
-        argv, capture_output=True, text=True, timeout=850, cwd=ROOT, stdin=subprocess.DEVNULL
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
 
 
 def test_mnist_mlp_reaches_90_percent_on_digits(tmp_path):

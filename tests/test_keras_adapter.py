@@ -48,3 +48,45 @@ def test_warmup_reaches_full_lr_at_the_right_step(keras_backend, kind):
     expected = [b * m for b, m in zip(base, ramp, strict=True)]
     for rank in (0, 1):
         assert r[rank]["lrs"] == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["float", "schedule"])
+def test_lr_schedule_callback_multiplies_from_its_start_epoch(keras_backend, kind):
+    r = results(horovodrun("keras_worker.py", f"lr_schedule_{kind}"))
+    multipliers = [1, 1, 0.5, 0.5, 0.25, 0.25]  # 2 steps per epoch, x0.5 per epoch from 1
+    base = [0.2 * (0.9**i if kind == "schedule" else 1.0) for i in range(6)]
+    expected = [b * m for b, m in zip(base, multipliers, strict=True)]
+    for rank in (0, 1):
+        assert r[rank]["lrs"] == pytest.approx(expected, rel=1e-4)
+        assert len(r[rank]["logged"]) == 3
+
+
+def test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast(keras_backend, tmp_path):
+    """Two epochs, then a new job resumes to four: it must run epochs 2 and 3 only and end
+    with the weights of an uninterrupted four-epoch run. Each rank has its own directory, so
+    rank 1 can only get the resumed state by broadcast."""
+    first = horovodrun("keras_worker.py", "resume", str(tmp_path / "split"), "2")
+    second = results(horovodrun("keras_worker.py", "resume", str(tmp_path / "split"), "4"))
+    whole = results(horovodrun("keras_worker.py", "resume", str(tmp_path / "whole"), "4"))
+    first_r = results(first)
+    assert first_r[0]["ran"] == [0, 1] and second[0]["ran"] == [2, 3] == second[1]["ran"]
+    assert first_r[0]["files"] == ["best.keras", "ckpt.npz"]
+    assert first_r[1]["files"] == second[1]["files"] == []
+    assert second[0]["digest"] == second[1]["digest"]
+    assert second[0]["weights"] == pytest.approx(whole[0]["weights"], abs=1e-5)
+    assert second[0]["lr"] == pytest.approx(0.02)  # Adam 0.01 x 2 ranks after warmup
+    assert first_r[0]["loaded_ok"] is True
+    # fit(verbose=1) on both ranks: only rank 0 prints progress.
+    epoch_lines = [line for line in first.stdout.splitlines() if "Epoch 1/2" in line]
+    assert epoch_lines and all(line.startswith("[0]") for line in epoch_lines), epoch_lines
+
+
+def test_bad_checkpoint_stops_every_rank_naming_the_file(keras_backend, tmp_path):
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}").mkdir()
+    (tmp_path / "rank0" / "ckpt.npz").write_bytes(b"not a checkpoint")
+    out = horovodrun("keras_worker.py", "resume", str(tmp_path), "1", check=False)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "checkpoint ckpt.npz: cannot be read" in text
+    assert "RootRankError" in text or "rank 0 failed" in text

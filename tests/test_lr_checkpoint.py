@@ -123,3 +123,18 @@ def test_more_ranks_than_gpus_is_a_clear_error():
     require_gpu_per_rank(Topology(rank=5, size=8, local_rank=1, local_size=2, cross_rank=2), 2)
     with pytest.raises(RuntimeError, match="runs 4 processes but only 2 GPU"):
         require_gpu_per_rank(Topology(rank=2, size=4, local_rank=2, local_size=4, cross_rank=0), 2)
+
+
+def test_atomic_path_keeps_suffix_and_cleans_up(tmp_path):
+    from hvdkit.checkpoint import atomic_path
+
+    target = tmp_path / "sub" / "model.weights.h5"
+    with atomic_path(target) as tmp:
+        assert tmp.name.endswith(".weights.h5") and tmp.parent == target.parent
+        tmp.write_bytes(b"w")
+    assert target.read_bytes() == b"w"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("crash mid-save")
+    assert target.read_bytes() == b"w"
+    assert [p.name for p in target.parent.iterdir()] == ["model.weights.h5"]

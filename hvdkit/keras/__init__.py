@@ -4,26 +4,38 @@
 
 Set ``KERAS_BACKEND`` (``tensorflow`` or ``torch``) before the first ``import keras``; the
 matching Horovod ops serve it. Models must be compiled with ``jit_compile=False`` on the
-TensorFlow backend: Horovod's ops have no XLA kernels.
+TensorFlow backend: Horovod's ops have no XLA kernels (:func:`setup` sees to it).
+
+Every rank must take the same number of optimizer steps per epoch (each step is an
+allreduce all ranks join): give each rank an equal share, e.g. with :func:`shard`.
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
+from hvdkit import rank_zero
 from hvdkit.keras import backend, callbacks
 from hvdkit.keras.optimizer import DistributedOptimizer
+from hvdkit.keras.session import setup
 
 
 def _hvd() -> Any:
     return backend.horovod()
 
 
-def init(*args: Any, **kwargs: Any) -> None:
-    """Initialise Horovod for the active Keras backend."""
-    _hvd().init(*args, **kwargs)
+def init() -> None:
+    """Initialise Horovod for the active Keras backend and pin this process to one GPU by
+    local rank (on CPU: its share of the cores). Idempotent. On the TensorFlow backend call it
+    before building a model: TensorFlow fixes its devices at its first op."""
+    topology = backend.init()
+    rank_zero.set_rank(topology.rank)
+    backend.pin_device(topology)
 
 
 def size() -> int:
@@ -65,6 +77,35 @@ def broadcast_global_variables(root_rank: int = 0, model: keras.Model | None = N
     backend.broadcast_variables(list(model.variables), root_rank)
 
 
+def load_model(
+    filepath: str | Path,
+    custom_objects: dict[str, Any] | None = None,
+    compression: Any = None,
+    **kwargs: Any,
+) -> keras.Model:
+    """``keras.saving.load_model`` with the saved optimizer wrapped in
+    :func:`DistributedOptimizer`, ready to go on training on every rank."""
+    model = keras.saving.load_model(filepath, custom_objects=custom_objects, **kwargs)
+    if getattr(model, "optimizer", None) is not None:
+        DistributedOptimizer(model.optimizer, compression=compression)
+    return model
+
+
+def shard(*arrays: Any, pad: bool = True) -> tuple[Any, ...] | Any:
+    """This rank's share of each array (rows ``rank, rank + size, ...``). With ``pad`` every
+    rank gets ``ceil(n / size)`` rows, the short shards repeating their first rows, so all
+    ranks take the same number of steps; use ``pad=False`` for evaluation (each row once)."""
+    me, world = rank(), size()
+    n = len(arrays[0])
+    if any(len(a) != n for a in arrays):
+        raise ValueError(f"shard: arrays differ in length: {[len(a) for a in arrays]}")
+    rows = np.arange(me, n, world)
+    if pad and len(rows) < math.ceil(n / world):
+        rows = np.resize(rows, math.ceil(n / world))
+    out = tuple(a[rows] for a in arrays)
+    return out if len(out) > 1 else out[0]
+
+
 def __getattr__(name: str) -> Any:
     # Average, Sum, Compression, ... come from the backend's Horovod module.
     if name in ("Average", "Sum", "Adasum", "Compression"):
@@ -79,8 +120,11 @@ __all__ = [
     "callbacks",
     "cross_rank",
     "init",
+    "load_model",
     "local_rank",
     "local_size",
     "rank",
+    "setup",
+    "shard",
     "size",
 ]

@@ -13,6 +13,8 @@ from typing import Any
 
 import keras
 
+from hvdkit.core import Topology, require_gpu_per_rank, threads_per_rank
+
 SUPPORTED = ("tensorflow", "torch")
 
 
@@ -30,6 +32,26 @@ def horovod() -> ModuleType:
             "or KERAS_BACKEND=torch before importing keras."
         )
     return hvd
+
+
+def require_keras3(optimizer: Any) -> None:
+    """Stop with a clear message when given a Keras 2 (tf_keras) or other non-Keras-3
+    optimizer: hooking it would silently do nothing."""
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return
+    module = type(optimizer).__module__
+    if module.startswith("tf_keras") or ".legacy" in module:
+        raise TypeError(
+            f"{type(optimizer).__name__} is a Keras 2 (tf_keras) optimizer: with "
+            "TF_USE_LEGACY_KERAS=1, tf.keras is the legacy Keras 2, which hvdkit.keras does not "
+            "serve (nor does Horovod 0.28.1's own Keras layer on TensorFlow 2.21: its callbacks "
+            "fail). Fix: unset TF_USE_LEGACY_KERAS and build the model and optimizer with "
+            "`import keras` (Keras 3)."
+        )
+    raise TypeError(
+        f"expected a Keras 3 optimizer (keras.optimizers.Optimizer), got {module}."
+        f"{type(optimizer).__name__}"
+    )
 
 
 def reduce_op(name: str) -> Any:
@@ -65,3 +87,50 @@ def broadcast_variables(variables: list[keras.Variable], root_rank: int = 0) -> 
         if keras.config.backend() == "torch":
             value = value.detach().clone().contiguous()
         variable.assign(hvd.broadcast(value, root_rank, name=f"hvdkit.var.{i}"))
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str = "hvdkit.object") -> Any:
+    """Rank ``root_rank``'s picklable ``obj`` on every rank."""
+    return horovod().broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def init() -> Topology:
+    """Initialise Horovod (idempotent) and return where this process sits."""
+    hvd = horovod()
+    hvd.init()
+    return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank())
+
+
+def pin_device(topology: Topology) -> None:
+    """One GPU per process by local rank, for the active backend; on CPU, a share of the
+    cores per process."""
+    if keras.config.backend() == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            require_gpu_per_rank(topology, torch.cuda.device_count())
+            torch.cuda.set_device(topology.local_rank)
+        else:
+            torch.set_num_threads(threads_per_rank(topology))
+        return
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        if not gpus:
+            threads = threads_per_rank(topology)
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            return
+        require_gpu_per_rank(topology, len(gpus))
+        mine = gpus[topology.local_rank]
+        tf.config.set_visible_devices([mine], "GPU")
+        tf.config.experimental.set_memory_growth(mine, True)
+    except RuntimeError as exc:
+        # TensorFlow fixes its devices when the first op runs; too late to change them now.
+        if gpus and tf.config.get_visible_devices("GPU") != [gpus[topology.local_rank]]:
+            raise RuntimeError(
+                f"rank {topology.rank}: TensorFlow has already initialised its GPUs, so this "
+                f"process cannot be pinned to GPU {topology.local_rank} ({exc}). Fix: call "
+                "hvdkit.keras.init() first thing in the script, before building the model or "
+                "running any TensorFlow op."
+            ) from None

@@ -1,59 +1,120 @@
-"""Learning-rate warmup for Keras 3 that works with a float LR *and* a LearningRateSchedule.
+"""Learning-rate callbacks for Keras 3 that work with a float LR *and* a LearningRateSchedule.
 
 Horovod's semantics: the optimizer is built with the scaled LR (``lr * size``) and the first
-``warmup_epochs`` ramp linearly from ``lr`` (a ``1 / size`` share) up to it (Goyal et al. 2017).
-With a schedule the ramp multiplies the schedule's value, inside the compiled step; with a
-float the callback assigns the LR before each batch.
+``warmup_epochs`` ramp linearly from ``lr`` (a ``1 / size`` share) up to it (Goyal et al. 2017);
+``LearningRateScheduleCallback`` sets ``initial_lr * multiplier(epoch)`` within its epochs.
+With a float LR the callbacks assign the LR before each batch; with a schedule they wrap it
+in a schedule computed inside the compiled step (a float cannot be assigned there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
 
 from hvdkit.keras import backend
-from hvdkit.lr import Warmup
+
+Schedule = keras.optimizers.schedules.LearningRateSchedule
 
 
-class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """``inner(step) * ramp(step)`` with ramp going linearly from ``1/size`` to 1 over
-    ``warmup_steps`` optimizer steps."""
+def _value(inner: Any, step: Any) -> Any:
+    return inner(step) if callable(inner) else inner
 
-    def __init__(self, inner: Any, warmup_steps: int, size: int) -> None:
-        self.inner, self.warmup_steps, self.size = inner, warmup_steps, size
 
-    def ramp(self, step: Any) -> Any:
+def find_schedule(lr: Any, kind: type) -> Any:
+    """The ``kind`` wrapper in a chain of hvdkit schedules around ``lr`` (None if absent), so a
+    second ``fit`` does not wrap twice."""
+    while isinstance(lr, Schedule):
+        if isinstance(lr, kind):
+            return lr
+        lr = getattr(lr, "inner", None)
+    return None
+
+
+@keras.saving.register_keras_serializable(package="hvdkit")
+class WarmupSchedule(Schedule):
+    """``inner(step) * scale * ramp(step)``: the ramp goes linearly from ``start`` to 1 over
+    ``warmup_steps`` optimizer steps. ``inner`` is a schedule or a float."""
+
+    def __init__(self, inner: Any, warmup_steps: int, start: float, scale: float = 1.0) -> None:
+        self.inner, self.warmup_steps = inner, warmup_steps
+        self.start, self.scale = start, scale
+
+    def __call__(self, step: Any) -> Any:
         progress = keras.ops.minimum(
             keras.ops.cast(step, "float32") / max(1, self.warmup_steps), 1.0
         )
-        start = 1.0 / self.size
-        return start + (1.0 - start) * progress
-
-    def __call__(self, step: Any) -> Any:
-        base = self.inner(step) if callable(self.inner) else self.inner
-        return base * self.ramp(step)
+        ramp = self.start + (1.0 - self.start) * progress
+        return _value(self.inner, step) * (self.scale * ramp)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> WarmupSchedule:
-        inner = keras.saving.deserialize_keras_object(config["inner"])
-        return cls(inner, config["warmup_steps"], config["size"])
+        config = dict(config)
+        inner = config.pop("inner")
+        if isinstance(inner, dict):
+            inner = keras.saving.deserialize_keras_object(inner)
+        return cls(inner, **config)
+
+    def get_config(self) -> dict[str, Any]:
+        inner = self.inner
+        return {
+            "inner": keras.saving.serialize_keras_object(inner)
+            if isinstance(inner, Schedule)
+            else float(inner),
+            "warmup_steps": self.warmup_steps,
+            "start": self.start,
+            "scale": self.scale,
+        }
+
+
+@keras.saving.register_keras_serializable(package="hvdkit")
+class MultipliedSchedule(Schedule):
+    """``inner(step) * multiplier``, the multiplier a variable the schedule callbacks assign."""
+
+    def __init__(self, inner: Any, multiplier: float = 1.0) -> None:
+        self.inner = inner
+        self.multiplier = keras.Variable(
+            multiplier, dtype="float32", trainable=False, name="hvdkit_lr_multiplier"
+        )
+
+    def __call__(self, step: Any) -> Any:
+        return _value(self.inner, step) * self.multiplier
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> MultipliedSchedule:
+        return cls(keras.saving.deserialize_keras_object(config["inner"]), config["multiplier"])
 
     def get_config(self) -> dict[str, Any]:
         return {
             "inner": keras.saving.serialize_keras_object(self.inner),
-            "warmup_steps": self.warmup_steps,
-            "size": self.size,
+            "multiplier": float(keras.ops.convert_to_numpy(self.multiplier)),
         }
+
+
+def _steps_per_epoch(callback: keras.callbacks.Callback, given: int | None) -> int:
+    steps = given or (callback.params or {}).get("steps")
+    if not steps:
+        raise ValueError(
+            f"{type(callback).__name__} needs steps_per_epoch: fit() does not know it for this "
+            "input (e.g. an unsized generator); pass steps_per_epoch=..."
+        )
+    return int(steps)
+
+
+def _current_lr(optimizer: keras.optimizers.Optimizer) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):
     """Ramp the LR from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
 
-    ``initial_lr`` is the scaled LR the optimizer was built with (Horovod's convention). When
-    the optimizer's LR is a ``LearningRateSchedule``, ``initial_lr`` may be None and the
-    schedule's own values are ramped instead. ``steps_per_epoch`` defaults to what ``fit``
-    knows.
+    ``initial_lr`` is the scaled LR the optimizer was built with (Horovod's convention); None
+    means the optimizer's LR when training starts. With a ``LearningRateSchedule`` the
+    schedule's own values are ramped. ``steps_per_epoch`` defaults to what ``fit`` knows;
+    ``warmup_steps`` replaces ``warmup_epochs``; ``start`` (default ``1 / size``) is the share
+    of the LR at step 0.
     """
 
     def __init__(
@@ -62,40 +123,113 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         warmup_epochs: float = 5,
         steps_per_epoch: int | None = None,
         verbose: int = 0,
+        *,
+        warmup_steps: int | None = None,
+        start: float | None = None,
     ) -> None:
         super().__init__()
         self.initial_lr, self.warmup_epochs = initial_lr, warmup_epochs
         self.steps_per_epoch, self.verbose = steps_per_epoch, verbose
-        self.warmup_steps = 0
+        self.warmup_steps = warmup_steps or 0
+        self._fixed_steps = warmup_steps is not None
+        self.start = start
         self._schedule = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        steps = self.steps_per_epoch or (self.params or {}).get("steps")
-        if not steps:
-            raise ValueError(
-                "LearningRateWarmupCallback needs steps_per_epoch: fit() does not know it for "
-                "this input (e.g. an unsized generator); pass steps_per_epoch=..."
-            )
-        self.warmup_steps = max(1, round(self.warmup_epochs * steps))
+        if not self._fixed_steps:
+            steps = _steps_per_epoch(self, self.steps_per_epoch)
+            self.warmup_steps = max(1, round(self.warmup_epochs * steps))
+        if self.start is None:
+            self.start = 1.0 / backend.horovod().size()
         optimizer = self.model.optimizer
         lr = optimizer._learning_rate
-        self._schedule = isinstance(lr, keras.optimizers.schedules.LearningRateSchedule)
+        self._schedule = isinstance(lr, Schedule)
         if self._schedule:
-            if not isinstance(lr, WarmupSchedule):
-                optimizer._learning_rate = WarmupSchedule(
-                    lr, self.warmup_steps, backend.horovod().size()
-                )
+            if find_schedule(lr, WarmupSchedule) is None:
+                optimizer.learning_rate = WarmupSchedule(lr, self.warmup_steps, self.start)
         elif self.initial_lr is None:
-            raise ValueError(
-                "LearningRateWarmupCallback: the optimizer has a float LR, so pass "
-                "initial_lr (the scaled LR, e.g. 0.001 * hvd.size())"
-            )
+            self.initial_lr = _current_lr(optimizer)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._schedule:
             return
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         if step <= self.warmup_steps:
-            size = backend.horovod().size()
-            ramp = Warmup(factor=float(size), steps=self.warmup_steps).multiplier(step) / size
+            progress = step / max(1, self.warmup_steps)
+            ramp = self.start + (1.0 - self.start) * progress
             self.model.optimizer.learning_rate = self.initial_lr * ramp
+            if self.verbose and step == self.warmup_steps:
+                from hvdkit.rank_zero import print0
+
+                print0(f"LearningRateWarmupCallback: warmup done, LR {self.initial_lr:g}")
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the LR to ``initial_lr * multiplier(epoch)`` for ``start_epoch <= epoch < end_epoch``
+    (Horovod's callback; several of them make a piecewise schedule).
+
+    ``multiplier`` is a number or a function of the epoch; with ``staircase=False`` it is
+    called every batch with a fractional epoch. ``initial_lr`` None means the optimizer's LR
+    when training starts. With a ``LearningRateSchedule`` the schedule's values are multiplied
+    instead. ``momentum_correction`` is accepted for compatibility only: Keras 3 compiles the
+    momentum into the step, so it cannot be adjusted for the one step after a change.
+    """
+
+    def __init__(
+        self,
+        initial_lr: float | None,
+        multiplier: float | Callable[[float], float],
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.initial_lr = initial_lr
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.multiplier, staircase = (lambda epoch: multiplier), True
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase, self.momentum_correction = staircase, momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+        self._scaled: MultipliedSchedule | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        optimizer = self.model.optimizer
+        lr = optimizer._learning_rate
+        if isinstance(lr, Schedule):
+            self._scaled = find_schedule(lr, MultipliedSchedule)
+            if self._scaled is None:
+                self._scaled = MultipliedSchedule(lr)
+                optimizer.learning_rate = self._scaled
+        elif self.initial_lr is None:
+            self.initial_lr = _current_lr(optimizer)
+        if not self.staircase:
+            self.steps_per_epoch = _steps_per_epoch(self, self.steps_per_epoch)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self._epoch < self.start_epoch or (
+            self.end_epoch is not None and self._epoch >= self.end_epoch
+        ):
+            return
+        if self.staircase:
+            if batch == 0:
+                self._set(self.multiplier(self._epoch))
+        else:
+            self._set(self.multiplier(self._epoch + batch / self.steps_per_epoch))
+
+    def _set(self, multiplier: float) -> None:
+        if self._scaled is not None:
+            self._scaled.multiplier.assign(float(multiplier))
+        else:
+            self.model.optimizer.learning_rate = self.initial_lr * multiplier
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = _current_lr(self.model.optimizer)

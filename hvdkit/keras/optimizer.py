@@ -34,6 +34,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         opt = hvdkit.keras.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size()))
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     """
+    backend.require_keras3(optimizer)
     if getattr(optimizer, WRAPPED, False):
         return optimizer
     if backward_passes_per_step < 1:

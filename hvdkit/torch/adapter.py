@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 
 from hvdkit.checkpoint import CheckpointError, atomic_write
-from hvdkit.core import Adapter, SetupConfig, Topology, require_gpu_per_rank
+from hvdkit.core import Adapter, SetupConfig, Topology, require_gpu_per_rank, threads_per_rank
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -77,8 +76,7 @@ class TorchAdapter(Adapter):
             torch.cuda.set_device(topology.local_rank)
             self.device = torch.device("cuda", topology.local_rank)
         else:
-            # Each rank gets its share of the cores instead of all of them fighting.
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // topology.local_size))
+            torch.set_num_threads(threads_per_rank(topology))
         self.model.to(self.device)
 
     def _wrap_optimizer(self) -> None:

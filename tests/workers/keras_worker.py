@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -159,6 +161,87 @@ def warmup(schedule: bool) -> None:
     emit(lrs=[steps[i] - steps[i + 1] for i in range(len(kernels))])
 
 
+def lr_schedule(schedule: bool) -> None:
+    """LearningRateScheduleCallback: x0.5 per epoch from epoch 1, read off SGD's updates."""
+    hvd.init()
+    model = keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
+    lr = (
+        keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=1, decay_rate=0.9)
+        if schedule
+        else 0.2
+    )
+    model.compile(
+        optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr)),
+        loss=lambda y_true, y_pred: keras.ops.mean(y_pred),
+        jit_compile=False,
+    )
+    kernels = [0.0]
+
+    class Track(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            kernels.append(float(keras.ops.convert_to_numpy(model.weights[0])[0, 0]))
+
+    x = np.ones((4, 1), "float32")
+    callback = hvd.callbacks.LearningRateScheduleCallback(
+        None if schedule else 0.2, multiplier=lambda epoch: 0.5**epoch, start_epoch=1
+    )
+    history = model.fit(
+        x, x, batch_size=2, epochs=3, verbose=0, shuffle=False, callbacks=[callback, Track()]
+    )
+    emit(
+        lrs=[kernels[i] - kernels[i + 1] for i in range(len(kernels) - 1)],
+        logged=history.history["lr"],
+    )
+
+
+def resume(base: str, epochs: int) -> None:
+    """hvdkit.keras.setup with a checkpoint. Each rank works in its own directory, as on hosts
+    without a shared filesystem: only rank 0's may hold files, and the others must get the
+    resumed state by broadcast."""
+    hvd.init()
+    workdir = Path(base) / f"rank{hvd.rank()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chdir(workdir)
+    model = model_for(seed=hvd.rank())
+    optimizer, callbacks = hvd.setup(
+        model, keras.optimizers.Adam(0.01), checkpoint="ckpt.npz", warmup_steps=3
+    )
+    model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+    ran = []
+
+    class Epochs(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            ran.append(epoch)
+
+    best = hvd.callbacks.ModelCheckpoint("best.keras", monitor="loss", save_best_only=True)
+    model.fit(
+        x,
+        y,
+        epochs=epochs,
+        batch_size=16,
+        shuffle=False,
+        verbose=1,
+        callbacks=[*callbacks, best, Epochs()],
+    )
+    loaded_ok = None
+    if hvd.rank() == 0:
+        loaded = hvd.load_model("best.keras")
+        loaded_ok = bool(getattr(loaded.optimizer, "_hvdkit_distributed", False))
+    emit(
+        ran=ran,
+        weights=[round(float(w), 6) for w in weights(model)],
+        digest=digest(model),
+        files=sorted(p.name for p in Path(".").iterdir()),
+        loaded_ok=loaded_ok,
+        lr=float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)),
+    )
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     modes = {
@@ -168,5 +251,8 @@ if __name__ == "__main__":
         "metrics": metrics,
         "warmup_float": lambda: warmup(False),
         "warmup_schedule": lambda: warmup(True),
+        "lr_schedule_float": lambda: lr_schedule(False),
+        "lr_schedule_schedule": lambda: lr_schedule(True),
+        "resume": lambda: resume(sys.argv[2], int(sys.argv[3])),
     }
     modes[mode]()

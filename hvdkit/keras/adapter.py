@@ -1,0 +1,210 @@
+"""The Keras 3 implementation of the six-step hooks of :class:`hvdkit.core.Adapter`, for both
+backends (everything backend-specific goes through :mod:`hvdkit.keras.backend`).
+
+Checkpoints are ``.npz`` archives of the model's and the optimizer's variables in order, with
+a JSON header (format, epoch, world size, LR factor, the user's extra state). They hold no
+pickles and load on either backend.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from hvdkit.checkpoint import CheckpointError, atomic_write
+from hvdkit.core import Adapter, SetupConfig, Topology
+from hvdkit.keras import backend
+from hvdkit.keras.lr import Schedule, WarmupSchedule
+from hvdkit.keras.optimizer import DistributedOptimizer
+
+FORMAT = "hvdkit-keras-1"
+GROUPS = ("model", "optimizer")
+
+
+def forbid_xla(model: keras.Model) -> None:
+    """On the TensorFlow backend, make ``model.compile`` use ``jit_compile=False``: Horovod's
+    ops have no XLA kernels, and Keras turns XLA on by itself when a GPU is present."""
+    if keras.config.backend() != "tensorflow" or getattr(model, "_hvdkit_no_xla", False):
+        return
+    inner = model.compile
+
+    def compile(*args: Any, jit_compile: Any = "auto", **kwargs: Any) -> Any:  # noqa: A001
+        if jit_compile is True:
+            raise ValueError(
+                "model.compile(jit_compile=True): Horovod's TensorFlow ops have no XLA kernels, "
+                "so the training step cannot be compiled with XLA. Fix: leave jit_compile out "
+                "(hvdkit sets it to False) or pass jit_compile=False."
+            )
+        return inner(*args, jit_compile=False, **kwargs)
+
+    model.compile = compile
+    model._hvdkit_no_xla = True
+    if getattr(model, "compiled", False):
+        model.jit_compile = False
+
+
+class KerasAdapter(Adapter):
+    """Six steps for a Keras 3 model and optimizer."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
+        config: SetupConfig,
+    ) -> None:
+        super().__init__(config)
+        backend.require_keras3(optimizer)
+        self.model = model
+        self.optimizer = optimizer
+        self.epoch = 0
+        # The scaled float LR, when warmup must be applied by a callback (None otherwise).
+        self.warmup_lr: float | None = None
+
+    def _init(self) -> Topology:
+        return backend.init()
+
+    def _pin_device(self, topology: Topology) -> None:
+        backend.pin_device(topology)
+
+    def _wrap_optimizer(self) -> None:
+        cfg = self.config
+        if cfg.op == "adasum":
+            raise ValueError("op='adasum' is not available in hvdkit.keras: use 'average' or 'sum'")
+        hvd = backend.horovod()
+        self.optimizer = DistributedOptimizer(
+            self.optimizer,
+            compression=hvd.Compression.fp16 if cfg.compression == "fp16" else None,
+            backward_passes_per_step=cfg.backward_passes_per_step,
+            op=hvd.Sum if cfg.op == "sum" else hvd.Average,
+        )
+        forbid_xla(self.model)
+        assert self.warmup is not None
+        factor, steps = self.warmup.factor, self.warmup.steps
+        lr = self.optimizer._learning_rate
+        if isinstance(lr, Schedule):
+            # Computed inside the compiled step: scaled, and ramped from 1x over the warmup.
+            self.optimizer.learning_rate = WarmupSchedule(lr, steps, start=1 / factor, scale=factor)
+        else:
+            scaled = float(keras.ops.convert_to_numpy(self.optimizer.learning_rate)) * factor
+            self.optimizer.learning_rate = scaled
+            if steps:
+                self.warmup_lr = scaled
+
+    def _build(self) -> None:
+        if not self.model.built or not self.model.variables:
+            raise ValueError(
+                "the model has no weights yet, so there is nothing to broadcast. Fix: give it an "
+                "input shape (keras.Input(...) as its first layer, or model.build(shape)) "
+                "before hvdkit.keras.setup / resume."
+            )
+        if not self.optimizer.built:
+            self.optimizer.build(self.model.trainable_variables)
+
+    def _variables(self) -> dict[str, list[keras.Variable]]:
+        return {"model": list(self.model.variables), "optimizer": list(self.optimizer.variables)}
+
+    def _read_checkpoint(self, path: Path) -> dict[str, Any]:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {name: data[name] for name in data.files}
+            meta = json.loads(bytes(arrays.pop("meta")).decode())
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(
+                path,
+                f"cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
+                "it is corrupt or not an hvdkit Keras checkpoint: delete it to start fresh, or "
+                "pass another path",
+            ) from exc
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise CheckpointError(
+                path,
+                f"is not an hvdkit Keras checkpoint (format {found!r}, expected {FORMAT!r})",
+                "pass a checkpoint written by hvdkit.keras, or delete it to start fresh",
+            )
+        return {"meta": meta, "arrays": arrays}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        """Rank 0: assign the checkpoint's values, after checking every count and shape."""
+        meta, arrays, path = state["meta"], state["arrays"], self.config.checkpoint or ""
+        fix = "resume with the model and optimizer it was saved from, or delete it"
+        variables = self._variables()
+        for group in GROUPS:
+            saved = [arrays[f"{group}.{i}"] for i in range(meta["counts"][group])]
+            mine = variables[group]
+            if len(saved) != len(mine):
+                raise CheckpointError(
+                    path, f"holds {len(saved)} {group} variables, this {group} has {len(mine)}", fix
+                )
+            for variable, value in zip(mine, saved, strict=True):
+                if tuple(variable.shape) != value.shape:
+                    raise CheckpointError(
+                        path,
+                        f"{group} variable {variable.path} has shape {tuple(variable.shape)}, "
+                        f"the checkpoint's {value.shape}",
+                        fix,
+                    )
+        for group in GROUPS:
+            for i, variable in enumerate(variables[group]):
+                variable.assign(arrays[f"{group}.{i}"])
+        lr = self.optimizer._learning_rate
+        if isinstance(lr, keras.Variable) and self.warmup is not None:
+            # Saved at another world size: keep the user's LR, rescaled to this one.
+            lr.assign(lr * (self.warmup.factor / meta["lr_factor"]))
+
+    def _broadcast_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        self._build()
+        error = None
+        if state is not None:
+            try:
+                self._load(state)
+            except CheckpointError as exc:
+                error = exc
+        self.raise_on_root_error(error)
+        variables = self._variables()
+        backend.broadcast_variables(variables["model"] + variables["optimizer"])
+        info = None
+        if state is not None:
+            info = {"epoch": state["meta"]["epoch"], "extra": state["meta"]["extra"]}
+        info = self._broadcast_object(info)
+        if info is None:
+            return None
+        self.epoch = info["epoch"]
+        return info["extra"]
+
+    def _gather_checkpoint_state(
+        self, extra: dict[str, Any], next_epoch: int
+    ) -> dict[str, Any] | None:
+        assert self.topology is not None
+        try:
+            json.dumps(extra)
+        except TypeError as exc:  # on every rank, before rank 0 could fail alone
+            raise TypeError(f"checkpoint extra state must be JSON values: {exc}") from None
+        if self.topology.rank != self.config.root_rank:
+            return None
+        arrays, counts = {}, {}
+        for group, variables in self._variables().items():
+            counts[group] = len(variables)
+            for i, variable in enumerate(variables):
+                arrays[f"{group}.{i}"] = keras.ops.convert_to_numpy(variable.value)
+        meta = {
+            "format": FORMAT,
+            "epoch": next_epoch,
+            "extra": extra,
+            "counts": counts,
+            "world_size": self.topology.size,
+            "lr_factor": self.warmup.factor if self.warmup is not None else 1.0,
+        }
+        return {"meta": meta, "arrays": arrays}
+
+    def _write_checkpoint(self, path: Path, state: dict[str, Any]) -> Path:
+        header = np.frombuffer(json.dumps(state["meta"]).encode(), dtype=np.uint8)
+        return atomic_write(path, lambda fh: np.savez(fh, meta=header, **state["arrays"]))
+
+    def _broadcast_object(self, obj: Any) -> Any:
+        return backend.broadcast_object(obj, self.config.root_rank)

@@ -1,0 +1,66 @@
+"""``hvdkit.keras.setup``: the six steps in one call, for ``model.fit``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from hvdkit import rank_zero
+from hvdkit.core import SetupConfig
+from hvdkit.keras import callbacks as cb
+from hvdkit.keras.adapter import KerasAdapter
+
+
+def setup(
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    *,
+    checkpoint: str | Path | None = None,
+    average_metrics: bool = True,
+    **options: Any,
+) -> tuple[keras.optimizers.Optimizer, list[keras.callbacks.Callback]]:
+    """The six steps in one call: init Horovod, pin one GPU per process, scale the LR by world
+    size (with warmup), wrap the optimizer, resume from ``checkpoint`` on rank 0 and broadcast
+    to every rank. Returns the optimizer to compile with and the callbacks to give ``fit``:
+    a progress bar on rank 0 only, metric averaging, the warmup (float LRs; a schedule is
+    ramped inside the step) and, with ``checkpoint``, a rank-0 atomic checkpoint every epoch
+    that ``fit`` resumes from.
+
+    Give the optimizer the single-process LR. ``options`` are
+    :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``, ``warmup_epochs`` (with
+    ``steps_per_epoch``) or ``warmup_steps``, ``op`` (``average``/``sum``), ``compression``,
+    ``backward_passes_per_step``, ``resume``, ``root_rank``. The model must have its weights
+    (an input shape); on the TensorFlow backend with GPUs, call :func:`hvdkit.keras.init`
+    before building it.
+
+    Example::
+
+        hvdkit.keras.init()
+        model = make_model()
+        optimizer, callbacks = hvdkit.keras.setup(
+            model, keras.optimizers.Adam(1e-3), checkpoint="ckpt.npz", warmup_steps=100
+        )
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        model.fit(x_shard, y_shard, epochs=10, callbacks=callbacks, verbose=1)
+    """
+    config = SetupConfig(checkpoint=Path(checkpoint) if checkpoint else None, **options)
+    adapter = KerasAdapter(model, optimizer, config)
+    adapter.setup()
+    if adapter.resumed is not None:
+        rank_zero.print0(f"hvdkit: resumed from {config.checkpoint} at epoch {adapter.epoch}")
+    callbacks: list[keras.callbacks.Callback] = [cb.ProgbarLogger()]
+    if average_metrics:
+        callbacks.append(cb.MetricAverageCallback())
+    if adapter.warmup_lr is not None and adapter.warmup is not None:
+        callbacks.append(
+            cb.LearningRateWarmupCallback(
+                adapter.warmup_lr,
+                warmup_steps=adapter.warmup.steps,
+                start=1 / adapter.warmup.factor,
+            )
+        )
+    if config.checkpoint is not None:
+        callbacks.append(cb.BackupAndRestore.for_adapter(adapter))
+    return adapter.optimizer, callbacks
