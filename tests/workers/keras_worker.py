@@ -122,47 +122,10 @@ def metrics() -> None:
     )
 
 
-def warmup(schedule: bool) -> None:
-    """Effective LR per step, read off SGD's update of a kernel whose gradient is 1."""
-    hvd.init()
-    model = keras.Sequential(
-        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
-    )
-    lr = (
-        keras.optimizers.schedules.ExponentialDecay(0.2, decay_steps=1, decay_rate=0.9)
-        if schedule
-        else 0.2
-    )
-    model.compile(
-        optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr)),
-        loss=lambda y_true, y_pred: keras.ops.mean(y_pred),
-        jit_compile=False,
-    )
-    kernels = []
-
-    class Track(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            kernels.append(float(keras.ops.convert_to_numpy(model.weights[0])[0, 0]))
-
-    x = np.ones((8, 1), "float32")
-    model.fit(
-        x,
-        x,
-        batch_size=2,
-        epochs=2,
-        verbose=0,
-        shuffle=False,
-        callbacks=[
-            hvd.callbacks.LearningRateWarmupCallback(None if schedule else 0.2, warmup_epochs=1),
-            Track(),
-        ],
-    )
-    steps = [0.0, *kernels]
-    emit(lrs=[steps[i] - steps[i + 1] for i in range(len(kernels))])
-
-
-def lr_schedule(schedule: bool) -> None:
-    """LearningRateScheduleCallback: x0.5 per epoch from epoch 1, read off SGD's updates."""
+def fit_lr_probe(schedule: bool, samples: int, epochs: int, callback) -> tuple[list, dict]:
+    """Fit a 1x1 kernel whose gradient is 1 with SGD (LR 0.2, or 0.2 x 0.9^step as a
+    schedule), batch 2: each step's update is the effective LR. Returns those and the
+    history."""
     hvd.init()
     model = keras.Sequential(
         [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
@@ -183,17 +146,27 @@ def lr_schedule(schedule: bool) -> None:
         def on_train_batch_end(self, batch, logs=None):
             kernels.append(float(keras.ops.convert_to_numpy(model.weights[0])[0, 0]))
 
-    x = np.ones((4, 1), "float32")
+    x = np.ones((samples, 1), "float32")
+    history = model.fit(
+        x, x, batch_size=2, epochs=epochs, verbose=0, shuffle=False, callbacks=[callback, Track()]
+    )
+    return [kernels[i] - kernels[i + 1] for i in range(len(kernels) - 1)], history.history
+
+
+def warmup(schedule: bool) -> None:
+    """LearningRateWarmupCallback over the first epoch (4 steps)."""
+    callback = hvd.callbacks.LearningRateWarmupCallback(None if schedule else 0.2, warmup_epochs=1)
+    lrs, _ = fit_lr_probe(schedule, samples=8, epochs=2, callback=callback)
+    emit(lrs=lrs)
+
+
+def lr_schedule(schedule: bool) -> None:
+    """LearningRateScheduleCallback: x0.5 per epoch from epoch 1."""
     callback = hvd.callbacks.LearningRateScheduleCallback(
         None if schedule else 0.2, multiplier=lambda epoch: 0.5**epoch, start_epoch=1
     )
-    history = model.fit(
-        x, x, batch_size=2, epochs=3, verbose=0, shuffle=False, callbacks=[callback, Track()]
-    )
-    emit(
-        lrs=[kernels[i] - kernels[i + 1] for i in range(len(kernels) - 1)],
-        logged=history.history["lr"],
-    )
+    lrs, history = fit_lr_probe(schedule, samples=4, epochs=3, callback=callback)
+    emit(lrs=lrs, logged=history["lr"])
 
 
 def resume(base: str, epochs: int) -> None:
