@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from hvdkit import __version__
-from hvdkit.commands import build_horovod, doctor
+from hvdkit.commands import build_horovod, doctor, run
 
-COMMANDS = (build_horovod, doctor)
+COMMANDS = (build_horovod, doctor, run)
 
 
 def build_parser() -> argparse.ArgumentParser:

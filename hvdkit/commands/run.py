@@ -1,0 +1,130 @@
+"""``hvdkit run``: launch a command on N processes from a hostfile or ``-H``, through
+horovodrun (Gloo or MPI), with ``--dry-run`` to see exactly what would run.
+
+    hvdkit run -np 4 --hostfile hostfiles/localhost -- python train.py --epochs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+SAFE_PATH = re.compile(r"^[\w./~+@%:,=-]+$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="launch a training command on N processes / hosts through horovodrun",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-np",
+        "--num-proc",
+        dest="np",
+        type=int,
+        default=None,
+        help="number of processes (default: all slots listed)",
+    )
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument(
+        "--hostfile", metavar="FILE", help="hosts, one per line (default: localhost)"
+    )
+    hosts.add_argument("-H", "--hosts", metavar="H1:N,H2:N", help="hosts and slots inline")
+    parser.add_argument(
+        "--slots-per-host",
+        type=int,
+        default=None,
+        metavar="N",
+        help="slots of hosts listed without a count (default 1)",
+    )
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo")
+    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi")
+    parser.add_argument("--network-interface", metavar="IF", help="NIC(s) to use, e.g. eth0")
+    parser.add_argument(
+        "--start-timeout",
+        type=int,
+        metavar="S",
+        help="seconds to wait for all ranks to start (horovodrun's default 30)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set or forward an environment variable to every rank (repeatable)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write each rank's stdout/stderr under DIR instead of the console",
+    )
+    parser.add_argument("--ssh-port", type=int, metavar="PORT")
+    parser.add_argument("--ssh-identity-file", metavar="FILE")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start nothing; print the command, rank map and environment",
+    )
+    parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
+    parser.add_argument("--verbose", action="store_true", help="horovodrun's verbose output")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    parser.set_defaults(func=run_command)
+
+
+def _fail(message: str) -> int:
+    print(f"hvdkit run: {message}", file=sys.stderr)
+    return 2
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from hvdkit.launch import runner
+    from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
+    from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.json and not args.dry_run:
+        return _fail("--json goes with --dry-run")
+    if args.ssh_identity_file and not SAFE_PATH.match(args.ssh_identity_file):
+        return _fail(
+            f"--ssh-identity-file {args.ssh_identity_file!r}: horovodrun hands this path to a "
+            "shell unquoted; use a path without spaces or shell characters"
+        )
+    try:
+        if args.hostfile:
+            hosts = parse_hostfile(args.hostfile, args.slots_per_host)
+        elif args.hosts:
+            hosts = parse_hosts_arg(args.hosts, args.slots_per_host)
+        elif args.np is not None:
+            hosts = [Host("localhost", args.np, source="(no hosts given: this machine)")]
+        else:
+            return _fail("give -np N (processes on this machine), or --hostfile FILE / -H h1:N")
+        config = LaunchConfig(
+            command=(sys.executable, "-m", "hvdkit.launch.guard", "--", *command)
+            if command
+            else (),
+            np=args.np,
+            controller=args.controller,
+            network_interface=args.network_interface,
+            start_timeout=args.start_timeout,
+            env=tuple(args.env),
+            output_dir=args.output_dir,
+            verbose=args.verbose,
+            ssh_port=args.ssh_port,
+            ssh_identity_file=args.ssh_identity_file,
+        )
+        horovodrun = str(Path(sys.executable).parent / "horovodrun")
+        plan = build_plan(
+            config, hosts, available=runner.available_controllers(), horovodrun=horovodrun
+        )
+    except (HostfileError, LaunchError) as exc:
+        return _fail(str(exc))
+    if args.dry_run:
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else describe(plan))
+        return 0
+    return runner.execute(plan, output_dir=args.output_dir)

@@ -1,0 +1,1 @@
+"""``hvdkit run``: hostfile parsing and command building (pure), and running the job."""

@@ -1,0 +1,96 @@
+"""Reading horovodrun's merged output: which rank said what, and which rank failed. Pure.
+
+horovodrun tags each line with its rank: ``[3]<stderr>:...`` under Gloo, ``[1,3]<stderr>:...``
+under MPI (``--tag-output``). When a rank exits non-zero it names it ("Process name: 3" from
+Gloo, "Process name: [[4711,1],3]" from Open MPI).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+_TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:?(.*)$")
+_FAILED = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],(\d+)\]|(\d+))")
+_EXIT = re.compile(r"Exit code:\s*(-?\d+)")
+_GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+# What a rank says when it stops only because another rank failed first.
+SECONDARY = ("Horovod has been shut down", "HorovodInternalError")
+
+
+class RankOutput:
+    """The last ``keep`` stderr lines of each rank, and what horovodrun said about failures."""
+
+    def __init__(self, keep: int = 20) -> None:
+        self.keep = keep
+        self.stderr: dict[int, deque[str]] = {}
+        self.launcher: deque[str] = deque(maxlen=200)
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")
+        match = _TAG.match(line)
+        if match is None:
+            self.launcher.append(line)
+            return
+        rank, stream, text = int(match.group(1)), match.group(2), match.group(3)
+        if stream == "stderr":
+            self.stderr.setdefault(rank, deque(maxlen=self.keep)).append(text)
+
+    def exit_codes(self) -> dict[int, int]:
+        """Exit codes horovodrun reported per rank (Gloo reports every rank's)."""
+        return {
+            int(m.group(1)): int(m.group(2))
+            for m in (_GLOO_EXIT.search(line) for line in self.launcher)
+            if m
+        }
+
+    def failed_rank(self) -> tuple[int, int | None] | None:
+        """(rank, exit code) of the rank that failed first, if any. horovodrun names the
+        first to *exit*, which is often a rank that only stopped because another one failed
+        ("Horovod has been shut down"); then the rank whose error is its own is chosen."""
+        text = "\n".join(self.launcher)
+        match = _FAILED.search(text)
+        if match is None:
+            return None
+        rank = int(match.group(1) or match.group(2))
+        code_match = _EXIT.search(text[match.end() :])
+        code = int(code_match.group(1)) if code_match else None
+        if self._secondary(rank):
+            codes = self.exit_codes()
+            for other in sorted(self.stderr):
+                if other != rank and self.stderr[other] and not self._secondary(other):
+                    return other, codes.get(other)
+        return rank, code
+
+    def _secondary(self, rank: int) -> bool:
+        return any(marker in line for line in self.stderr.get(rank, ()) for marker in SECONDARY)
+
+    def tail(self, rank: int, lines: int = 10) -> list[str]:
+        return list(self.stderr.get(rank, ()))[-lines:]
+
+
+def failure_message(
+    output: RankOutput, host_of: dict[int, str], returncode: int, lines: int = 10
+) -> str:
+    """The one message ``hvdkit run`` prints when the job failed."""
+    failed = output.failed_rank()
+    if failed is None:
+        talking = sorted(output.stderr)
+        rank = talking[-1] if len(talking) == 1 else None
+        head = f"hvdkit run: the job failed (horovodrun exit status {returncode})"
+        if rank is None:
+            return head + "; no rank was named. See the output above."
+        code = None
+    else:
+        rank, code = failed
+        head = f"hvdkit run: rank {rank} on host {host_of.get(rank, '?')} failed" + (
+            f" with exit code {code}" if code is not None else ""
+        )
+    tail = output.tail(rank, lines)
+    if not tail:
+        return head + " (it wrote nothing to stderr)."
+    return (
+        head
+        + f"; the last {len(tail)} lines of its stderr:\n"
+        + "\n".join(f"    {line}" for line in tail)
+    )

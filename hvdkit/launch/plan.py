@@ -1,0 +1,215 @@
+"""From hosts and options to the exact ``horovodrun`` command, rank map and environment.
+Pure: nothing here starts a process, so ``--dry-run`` shows exactly what would run.
+
+The command is an argument list, never a shell string: nothing in a hostfile, an
+environment value or the user's command can inject a shell command (host names are
+validated; horovodrun quotes what it passes on over ssh).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from hvdkit.launch.hostfile import Host
+
+CONTROLLERS = ("gloo", "mpi")
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class LaunchError(ValueError):
+    """Options that cannot make a job; the message names the flag and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """What ``hvdkit run`` was asked for."""
+
+    command: tuple[str, ...]
+    np: int | None = None
+    controller: str | None = None  # None: MPI when built and installed, else Gloo
+    network_interface: str | None = None
+    start_timeout: int | None = None
+    env: tuple[str, ...] = ()  # NAME or NAME=VALUE
+    output_dir: str | None = None
+    verbose: bool = False
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    rank: int
+    host: str
+    local_rank: int
+    local_size: int
+    cross_rank: int
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The job: horovodrun's argv, the environment it gets, and which rank runs where."""
+
+    argv: list[str]
+    controller: str
+    ranks: list[RankSlot]
+    env: dict[str, str] = field(default_factory=dict)  # set or forwarded by hvdkit
+
+    def host_of(self, rank: int) -> str:
+        return self.ranks[rank].host if 0 <= rank < len(self.ranks) else "?"
+
+    def rank_env(self, slot: RankSlot) -> dict[str, str]:
+        """The variables one rank sees besides the launcher's own environment: Horovod's under
+        Gloo, Open MPI's under MPI."""
+        if self.controller == "mpi":
+            placement = {
+                "OMPI_COMM_WORLD_RANK": slot.rank,
+                "OMPI_COMM_WORLD_SIZE": len(self.ranks),
+                "OMPI_COMM_WORLD_LOCAL_RANK": slot.local_rank,
+                "OMPI_COMM_WORLD_LOCAL_SIZE": slot.local_size,
+            }
+        else:
+            placement = {
+                "HOROVOD_RANK": slot.rank,
+                "HOROVOD_SIZE": len(self.ranks),
+                "HOROVOD_LOCAL_RANK": slot.local_rank,
+                "HOROVOD_LOCAL_SIZE": slot.local_size,
+                "HOROVOD_CROSS_RANK": slot.cross_rank,
+                "HOROVOD_HOSTNAME": slot.host,
+            }
+        return {**self.env, **{k: str(v) for k, v in placement.items()}}
+
+    def to_dict(self) -> dict:
+        return {
+            "argv": self.argv,
+            "controller": self.controller,
+            "np": len(self.ranks),
+            "ranks": [{**asdict(slot), "env": self.rank_env(slot)} for slot in self.ranks],
+            "env": self.env,
+        }
+
+
+def allocate(hosts: list[Host], np: int | None) -> list[tuple[Host, int]]:
+    """Fill the hosts in order: (host, processes there) for the hosts used, summing to np."""
+    total = sum(h.slots for h in hosts)
+    np = total if np is None else np
+    if np < 1:
+        raise LaunchError(f"-np {np}: give at least 1 process")
+    if np > total:
+        listed = ", ".join(f"{h.name}:{h.slots}" for h in hosts)
+        raise LaunchError(
+            f"-np {np} is more than the {total} slots listed ({listed}). Fix: lower -np, or add "
+            "hosts/slots to the hostfile (slots=N per host)"
+        )
+    used, left = [], np
+    for host in hosts:
+        if left == 0:
+            break
+        take = min(host.slots, left)
+        used.append((host, take))
+        left -= take
+    return used
+
+
+def rank_map(used: list[tuple[Host, int]]) -> list[RankSlot]:
+    slots, rank = [], 0
+    for cross_rank, (host, count) in enumerate(used):
+        for local_rank in range(count):
+            slots.append(RankSlot(rank, host.name, local_rank, count, cross_rank))
+            rank += 1
+    return slots
+
+
+def forwarded_env(names: tuple[str, ...], environ: dict[str, str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` sets a value; ``--env NAME`` forwards this shell's value."""
+    out = {}
+    for item in names:
+        name, sep, value = item.partition("=")
+        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise LaunchError(f"--env {item!r}: expected NAME or NAME=VALUE with NAME like MY_VAR")
+        if not sep:
+            if name not in environ:
+                raise LaunchError(
+                    f"--env {name}: {name} is not set in this shell. Fix: set it, or pass "
+                    f"--env {name}=VALUE"
+                )
+            value = environ[name]
+        out[name] = value
+    return out
+
+
+def build_plan(
+    config: LaunchConfig,
+    hosts: list[Host],
+    *,
+    available: tuple[str, ...],
+    horovodrun: str = "horovodrun",
+    environ: dict[str, str] | None = None,
+) -> LaunchPlan:
+    """The plan for ``config`` on ``hosts``; ``available`` are the controllers this Horovod
+    build can use (Gloo always, MPI when built and mpirun is installed)."""
+    if not config.command:
+        raise LaunchError("no command to run. Usage: hvdkit run [options] -- python train.py ...")
+    controller = config.controller or ("mpi" if "mpi" in available else "gloo")
+    if controller not in available:
+        raise LaunchError(
+            f"--{controller}: this Horovod cannot use {controller.upper()} here "
+            f"(available: {', '.join(available) or 'none'}). Fix: "
+            + (
+                "install Open MPI (apt-get install openmpi-bin) and rebuild with "
+                "`hvdkit build-horovod --controllers gloo,mpi`, or use --gloo"
+                if controller == "mpi"
+                else "rebuild Horovod with `hvdkit build-horovod --controllers gloo`"
+            )
+        )
+    used = allocate(hosts, config.np)
+    for host, _ in used:
+        if host.is_ipv6:
+            raise LaunchError(
+                f"{host.source}: {host.name} is an IPv6 literal, which horovodrun's -H cannot "
+                "carry (it splits on ':'). Fix: give the host a name (/etc/hosts or DNS) and use "
+                "that in the hostfile"
+            )
+    ranks = rank_map(used)
+    argv = [
+        horovodrun,
+        "-np",
+        str(len(ranks)),
+        "-H",
+        ",".join(f"{host.name}:{count}" for host, count in used),
+        f"--{controller}",
+    ]
+    if config.network_interface:
+        argv += ["--network-interface", config.network_interface]
+    if config.start_timeout is not None:
+        argv += ["--start-timeout", str(config.start_timeout)]
+    if config.ssh_port is not None:
+        argv += ["--ssh-port", str(config.ssh_port)]
+    if config.ssh_identity_file:
+        argv += ["--ssh-identity-file", config.ssh_identity_file]
+    if config.output_dir:
+        argv += ["--output-filename", config.output_dir]
+    if config.verbose:
+        argv.append("--verbose")
+    argv += list(config.command)
+    env = forwarded_env(config.env, dict(os.environ if environ is None else environ))
+    return LaunchPlan(argv, controller, ranks, env)
+
+
+def describe(plan: LaunchPlan) -> str:
+    """``--dry-run``'s text: the command, where each rank runs, and what it gets."""
+    from shlex import join
+
+    lines = ["command:", "  " + join(plan.argv), f"controller: {plan.controller}", "ranks:"]
+    for slot in plan.ranks:
+        lines.append(
+            f"  rank {slot.rank}: host {slot.host} local_rank {slot.local_rank}/"
+            f"{slot.local_size} cross_rank {slot.cross_rank}"
+        )
+    lines.append("environment (besides this shell's, which horovodrun forwards to every rank):")
+    for name, value in plan.env.items():
+        lines.append(f"  {name}={value}")
+    for slot in plan.ranks:
+        own = {k: v for k, v in plan.rank_env(slot).items() if k not in plan.env}
+        lines.append(f"  rank {slot.rank}: " + " ".join(f"{k}={v}" for k, v in own.items()))
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""hvdkit run with real processes on localhost, under Gloo and MPI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, WORKERS, results
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+HVDKIT = str(Path(sys.executable).parent / "hvdkit")
+WORKER = str(WORKERS / "launch_worker.py")
+
+
+def hvdkit(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [HVDKIT, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_run_from_the_localhost_hostfile(controller):
+    out = hvdkit(
+        "run", "-np", "2", "--hostfile", "hostfiles/localhost", f"--{controller}",
+        "--env", "HVDKIT_TEST_VALUE=42", "--", sys.executable, WORKER,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    r = results(out)
+    assert sorted(r) == [0, 1]
+    for rank in (0, 1):
+        assert r[rank]["sum"] == 3.0 and r[rank]["size"] == 2
+        assert r[rank]["local_rank"] == rank == r[rank]["env_rank"]
+        assert r[rank]["forwarded"] == "42"
+
+
+def test_a_failing_rank_fails_the_job_and_is_named():
+    out = hvdkit("run", "-np", "2", "--gloo", "--", sys.executable, WORKER, "fail")
+    assert out.returncode != 0
+    # horovodrun names rank 0 when it exits first ("Horovod has been shut down"); hvdkit
+    # names the rank that failed on its own.
+    assert "hvdkit run: rank 1 on host localhost failed" in out.stderr
+    assert "rank 1 is about to fail on purpose" in out.stderr.split("hvdkit run: rank 1")[1]
+    assert "Traceback" not in out.stderr.split("hvdkit run: rank 1")[0].split("[1]<stderr>")[-1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is as good as gone
+        return fh.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_ctrl_c_stops_every_rank():
+    proc = subprocess.Popen(
+        [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable, WORKER, "sleep"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    pids = []
+    deadline = time.time() + 120
+    while len(pids) < 2 and time.time() < deadline:
+        line = proc.stdout.readline()
+        if "PID " in line:
+            pids.append(json.loads(line.split("PID ", 1)[1])["pid"])
+    assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else "no PIDs"
+    proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
+    assert proc.wait(60) == 130
+    deadline = time.time() + 30
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in pids), pids
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")
+def test_ranks_started_by_mpirun_directly_work_with_the_adapters():
+    out = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "-np", "2", sys.executable, WORKER],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = results(out)
+    assert [r[k]["env_rank"] for k in (0, 1)] == [0, 1] and r[0]["sum"] == 3.0
+
+
+def test_dry_run_and_bad_input_start_nothing():
+    out = hvdkit("run", "--hostfile", "hostfiles/localhost", "--gloo", "--dry-run", "--json",
+                 "--", "python", "train.py")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["np"] == 2 and plan["argv"][1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    too_many = hvdkit("run", "-np", "3", "--hostfile", "hostfiles/localhost", "--", "x")
+    assert too_many.returncode == 2
+    assert "-np 3 is more than the 2 slots listed (localhost:2)" in too_many.stderr
+    missing = hvdkit("run", "--hostfile", "no/such/file", "--", "x")
+    assert missing.returncode == 2 and "no/such/file: cannot read the hostfile" in missing.stderr

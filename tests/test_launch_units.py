@@ -1,0 +1,177 @@
+"""hvdkit run's pure parts: hostfile parsing, allocation, the exact argv, output reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile_text, parse_hosts_arg
+from hvdkit.launch.output import RankOutput, failure_message
+from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe, forwarded_env
+
+CLUSTER = """
+# four nodes, four GPUs each
+server1 slots=4
+server2:4            # horovodrun form
+server3 slots=4 max_slots=8
+
+10.0.0.4
+fe80::1 slots=2
+[fd00::2]:3
+"""
+
+
+def test_every_accepted_form():
+    hosts = parse_hostfile_text(CLUSTER, "cluster", slots_per_host=4)
+    assert [(h.name, h.slots, h.max_slots) for h in hosts] == [
+        ("server1", 4, None),
+        ("server2", 4, None),
+        ("server3", 4, 8),
+        ("10.0.0.4", 4, None),  # bare: --slots-per-host
+        ("fe80::1", 2, None),
+        ("fd00::2", 3, None),
+    ]
+    assert hosts[0].source == "cluster:3" and hosts[4].is_ipv6
+    assert parse_hostfile_text("node1\n")[0].slots == 1  # bare, no --slots-per-host
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("server1 slots=0", "hf:1: slots must be a whole number > 0, got '0'"),
+        ("server1 slots=four", "hf:1: slots must be a whole number > 0, got 'four'"),
+        ("server1:-2", "hf:1: slots must be a whole number > 0"),
+        ("server1 gpus=4", "hf:1: unknown field 'gpus=4'"),
+        ("ok slots=1\nbad;rm -rf slots=2", "hf:2: bad host name 'bad;rm'"),
+        ("$(reboot) slots=1", "hf:1: bad host name '$(reboot)'"),
+        ("user@server1 slots=1", "hf:1: bad host name 'user@server1'"),
+        ("a slots=1\n\na:2", "hf:3: host 'a' is listed again (first at hf:1)"),
+        ("a slots=4 max_slots=2", "hf:1: max_slots=2 is below slots=4"),
+        ("a:2 slots=2", "hf:1: slots given twice"),
+        ("# only comments\n\n", "hf: no hosts in it"),
+    ],
+)
+def test_rejected_forms_name_file_line_and_fix(text, message):
+    with pytest.raises(HostfileError) as err:
+        parse_hostfile_text(text, "hf")
+    assert message in str(err.value)
+
+
+def test_hosts_argument():
+    hosts = parse_hosts_arg("server1:4,server2:4,server3", slots_per_host=2)
+    assert [(h.name, h.slots) for h in hosts] == [("server1", 4), ("server2", 4), ("server3", 2)]
+    for bad, message in [
+        ("a:2,,b:2", "empty host entry"),
+        ("a:2,a:2", "listed again"),
+        ("a b:2", "unexpected"),
+        ("a:x", "slots must be"),
+    ]:
+        with pytest.raises(HostfileError, match=message):
+            parse_hosts_arg(bad)
+
+
+def plan(np=None, hosts="server1:4,server2:4,server3:4,server4:4", **kw):
+    config = LaunchConfig(command=("python", "train.py", "--lr", "0.1; rm -rf /"), np=np, **kw)
+    return build_plan(config, parse_hosts_arg(hosts), available=("gloo", "mpi"), environ={})
+
+
+def test_golden_argv_the_seeds_16_process_job():
+    p = plan(16, network_interface="eth0", start_timeout=60, ssh_port=2222, verbose=True)
+    assert p.argv == [
+        "horovodrun", "-np", "16", "-H", "server1:4,server2:4,server3:4,server4:4", "--mpi",
+        "--network-interface", "eth0", "--start-timeout", "60", "--ssh-port", "2222",
+        "--verbose", "python", "train.py", "--lr", "0.1; rm -rf /",
+    ]  # fmt: skip
+    assert [(s.host, s.local_rank, s.cross_rank) for s in p.ranks][4:6] == [
+        ("server2", 0, 1),
+        ("server2", 1, 1),
+    ]
+
+
+def test_np_defaults_to_all_slots_and_the_hosts_passed_on_sum_to_np():
+    assert plan().argv[2:5] == ["16", "-H", "server1:4,server2:4,server3:4,server4:4"]
+    assert plan(6).argv[2:5] == ["6", "-H", "server1:4,server2:2"]
+    assert plan(1, controller="gloo").argv[2:6] == ["1", "-H", "server1:1", "--gloo"]
+
+
+def test_launch_errors_name_the_flag():
+    with pytest.raises(LaunchError, match=r"-np 17 is more than the 16 slots"):
+        plan(17)
+    with pytest.raises(LaunchError, match="IPv6 literal"):
+        plan(2, hosts="[fe80::1]:2")
+    with pytest.raises(LaunchError, match="--mpi: this Horovod cannot use MPI"):
+        build_plan(
+            LaunchConfig(command=("x",), controller="mpi"),
+            [Host("localhost", 2)],
+            available=("gloo",),
+        )
+    gloo_only = build_plan(LaunchConfig(command=("x",)), [Host("a", 1)], available=("gloo",))
+    assert gloo_only.controller == "gloo"
+
+
+def test_env_forwarding():
+    assert forwarded_env(("A=1", "B", "C="), {"B": "from shell"}) == {
+        "A": "1",
+        "B": "from shell",
+        "C": "",
+    }
+    with pytest.raises(LaunchError, match="--env MISSING: MISSING is not set"):
+        forwarded_env(("MISSING",), {})
+    with pytest.raises(LaunchError, match="expected NAME or NAME=VALUE"):
+        forwarded_env(("1BAD=x",), {})
+
+
+def test_dry_run_shows_rank_map_and_environment():
+    p = build_plan(
+        LaunchConfig(command=("python", "t.py"), env=("HVDKIT_X=1",), controller="gloo"),
+        parse_hosts_arg("a:1,b:1"),
+        available=("gloo",),
+        environ={},
+    )
+    text = describe(p)
+    assert "horovodrun -np 2 -H a:1,b:1 --gloo python t.py" in text
+    assert "rank 1: host b local_rank 0/1 cross_rank 1" in text
+    assert "HVDKIT_X=1" in text and "HOROVOD_RANK=1" in text
+    data = p.to_dict()
+    assert data["ranks"][1]["env"]["HOROVOD_HOSTNAME"] == "b" and data["np"] == 2
+
+
+GLOO_FAILURE = """[0]<stdout>:hello
+[1]<stderr>:Traceback (most recent call last):
+[1]<stderr>:ValueError: bad batch
+RuntimeError: Horovod detected that one or more processes exited with non-zero status
+Process name: 1
+Exit code: 7
+"""
+MPI_FAILURE = """[1,0]<stderr>:boom on rank zero
+  Process name: [[9913,1],0]
+  Exit code:    3
+"""
+
+
+def test_failed_rank_is_named_with_host_and_stderr_tail():
+    out = RankOutput()
+    for line in GLOO_FAILURE.splitlines():
+        out.feed(line)
+    assert out.failed_rank() == (1, 7)
+    message = failure_message(out, {0: "a", 1: "b"}, 1)
+    assert message.startswith("hvdkit run: rank 1 on host b failed with exit code 7")
+    assert "ValueError: bad batch" in message
+    mpi = RankOutput()
+    for line in MPI_FAILURE.splitlines():
+        mpi.feed(line)
+    assert mpi.failed_rank() == (0, 3)
+    assert "boom on rank zero" in failure_message(mpi, {0: "a"}, 1)
+
+
+def test_a_rank_stopped_by_another_ranks_failure_is_not_blamed():
+    out = RankOutput()
+    for line in [
+        "[1]<stderr>:ValueError: the real cause",
+        "[0]<stderr>:HorovodInternalError: Horovod has been shut down. This was caused by ...",
+        "Process 0 exit with status code 1.",
+        "Process 1 exit with status code 3.",
+        "Process name: 0",
+        "Exit code: 1",
+    ]:
+        out.feed(line)
+    assert out.failed_rank() == (1, 3)
