@@ -48,7 +48,7 @@ def test_a_failing_rank_fails_the_job_and_is_named():
     # names the rank that failed on its own.
     assert "hvdkit run: rank 1 on host localhost failed" in out.stderr
     assert "rank 1 is about to fail on purpose" in out.stderr.split("hvdkit run: rank 1")[1]
-    assert "Traceback" not in out.stderr.split("hvdkit run: rank 1")[0].split("[1]<stderr>")[-1]
+    assert "horovod/runner/launch.py" not in out.stderr  # horovodrun's own traceback held back
 
 
 def _alive(pid: int) -> bool:

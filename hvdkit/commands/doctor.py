@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hvdkit.doctor.checks import FAIL, Check
+from hvdkit.doctor.checks import FAIL, SKIP, Check
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="network interface for the allreduce runs (horovodrun's flag)",
     )
+    parser.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="check every host in FILE over ssh, then run an allreduce across all of them",
+    )
+    parser.add_argument("--ssh-port", type=int, metavar="PORT")
+    parser.add_argument("--ssh-identity-file", metavar="FILE")
     parser.set_defaults(func=doctor_command)
 
 
@@ -42,7 +49,9 @@ def doctor_command(args: argparse.Namespace) -> int:
     for check in build:
         emit(check)
     emit(checks.gpu_check())
-    if matrix is not None and args.allreduce:
+    if args.hostfile:
+        _cluster_checks(args, matrix, emit)
+    elif matrix is not None and args.allreduce:
         for check in checks.allreduce_checks(matrix, args.network_interface):
             emit(check)
     failed = [c for c in results if c.status == FAIL]
@@ -51,3 +60,33 @@ def doctor_command(args: argparse.Namespace) -> int:
         + ("" if not failed else ": " + ", ".join(c.name for c in failed))
     )
     return 1 if failed else 0
+
+
+def _cluster_checks(args: argparse.Namespace, matrix: object, emit: object) -> None:
+    from hvdkit.doctor import checks, remote
+    from hvdkit.launch.hostfile import HostfileError, parse_hostfile
+
+    try:
+        hosts = parse_hostfile(args.hostfile)
+    except HostfileError as exc:
+        emit(Check(FAIL, "hostfile", str(exc), "fix the line named above"))
+        return
+    ssh = {"port": args.ssh_port, "identity": args.ssh_identity_file}
+    host_results = list(remote.host_checks(hosts, **ssh))
+    for check in host_results:
+        emit(check)
+    if matrix is None or not args.allreduce:
+        return
+    if any(c.status == FAIL and c.name.startswith("host ") for c in host_results):
+        emit(Check(SKIP, "allreduce across hosts", "skipped: not every host can be reached"))
+        return
+    emit(
+        checks.allreduce_check(
+            "torch" if matrix.frameworks.get("torch") else "tensorflow",
+            "gloo",
+            hosts=hosts,
+            network_interface=args.network_interface,
+            ssh_port=args.ssh_port,
+            ssh_identity_file=args.ssh_identity_file,
+        )
+    )

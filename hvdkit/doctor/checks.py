@@ -20,6 +20,8 @@ from hvdkit.build.config import FRAMEWORK_NAMES
 from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
 from hvdkit.build.probe import dist_version
 from hvdkit.doctor.worker import PREFIX
+from hvdkit.launch.hostfile import Host
+from hvdkit.launch.plan import LaunchConfig, build_plan
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 REBUILD = "hvdkit build-horovod --force (or `make setup` in an hvdkit checkout)"
@@ -181,16 +183,31 @@ def allreduce_check(
     np: int = 2,
     timeout: float = 180,
     network_interface: str | None = None,
+    hosts: list[Host] | None = None,
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
 ) -> Check:
-    """A real ``horovodrun -np 2`` allreduce + broadcast on localhost."""
-    name = f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}"
+    """A real allreduce + broadcast: ``np`` ranks on localhost, or one per slot of ``hosts``."""
+    where = "" if hosts is None else " across hosts"
+    name = f"allreduce{where} {FRAMEWORK_NAMES[framework]} / {controller}"
     horovodrun = _horovodrun()
     if horovodrun is None:
         return Check(FAIL, name, "horovodrun not found", "hvdkit build-horovod")
-    argv = [horovodrun, "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]
-    if network_interface:
-        argv += ["--network-interface", network_interface]
-    argv += [sys.executable, "-m", "hvdkit.doctor.worker", framework]
+    config = LaunchConfig(
+        command=(sys.executable, "-m", "hvdkit.doctor.worker", framework),
+        np=np if hosts is None else None,
+        controller=controller,
+        network_interface=network_interface,
+        ssh_port=ssh_port,
+        ssh_identity_file=ssh_identity_file,
+    )
+    plan = build_plan(
+        config,
+        hosts or [Host("localhost", np)],
+        available=(controller,),
+        horovodrun=horovodrun,
+    )
+    argv, np = plan.argv, len(plan.ranks)
     failures: list[str] = []
     for _ in range(ATTEMPTS):
         code, text = _launch(argv, timeout)

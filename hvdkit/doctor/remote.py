@@ -1,0 +1,118 @@
+"""``hvdkit doctor --hostfile F``: each host over ssh (reachable, same versions, enough GPUs),
+before a real allreduce across all of them. Each failure names the host and what to do."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+
+from hvdkit.build.config import FRAMEWORK_NAMES
+from hvdkit.doctor.checks import FAIL, PASS, Check
+from hvdkit.launch.hostfile import Host
+
+MARK = "hvdkit-doctor-versions "
+SAME_ENV_FIX = (
+    "install the same environment at the same path on every host (`make setup` from the same "
+    "checkout, or one hvdkit Docker image)"
+)
+
+
+def collect() -> dict:
+    """This machine's versions and GPU count (run locally, and remotely over ssh)."""
+    from hvdkit import __version__
+    from hvdkit.build.probe import dist_version
+
+    versions = {"Python": platform.python_version(), "hvdkit": __version__}
+    versions["Horovod"] = dist_version("horovod")
+    for dist, name in FRAMEWORK_NAMES.items():
+        versions[name] = dist_version(dist, f"{dist}-cpu")
+    versions["Keras"] = dist_version("keras")
+    gpus = 0
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+        gpus = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    return {"versions": versions, "gpus": gpus}
+
+
+def ssh_argv(host: Host, port: int | None, identity: str | None, timeout: int = 10) -> list[str]:
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
+    argv += ["-o", "StrictHostKeyChecking=accept-new"]
+    if port is not None:
+        argv += ["-p", str(port)]
+    if identity:
+        argv += ["-i", identity]
+    return [*argv, host.name]
+
+
+def probe(host: Host, port: int | None, identity: str | None) -> tuple[dict | None, str]:
+    """(what :func:`collect` says on ``host``, or None; the error text when it failed)."""
+    script = (
+        "import json; from hvdkit.doctor.remote import MARK, collect; "
+        "print(MARK + json.dumps(collect()))"
+    )
+    remote = shlex.join([sys.executable, "-c", script])
+    try:
+        out = subprocess.run(
+            [*ssh_argv(host, port, identity), remote],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return None, "no answer within 60 s"
+    for line in out.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :]), ""
+    errors = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    return None, f"exit {out.returncode}: " + (errors[-1] if errors else "no output")
+
+
+def host_checks(
+    hosts: list[Host], port: int | None = None, identity: str | None = None
+) -> Iterator[Check]:
+    """Reachability, versions and GPUs of every host in the hostfile."""
+    here = collect()
+    for host in hosts:
+        there, error = probe(host, port, identity)
+        if there is None:
+            reached = not error.startswith("exit 255")  # ssh's own failures exit 255
+            yield Check(
+                FAIL,
+                f"host {host.name}",
+                ("reached, but hvdkit could not run there: " if reached else "unreachable: ")
+                + error,
+                SAME_ENV_FIX
+                if reached
+                else f"check that sshd runs on {host.name} and that `ssh {host.name} true` works "
+                "without a password (keys in ~/.ssh/authorized_keys there)",
+            )
+            continue
+        yield Check(PASS, f"host {host.name}", "reachable over ssh")
+        diffs = [
+            f"{name} {there['versions'].get(name)} there, {version} here"
+            for name, version in here["versions"].items()
+            if there["versions"].get(name) != version
+        ]
+        yield (
+            Check(FAIL, f"versions on {host.name}", "; ".join(diffs), SAME_ENV_FIX)
+            if diffs
+            else Check(PASS, f"versions on {host.name}", "same Python, hvdkit, Horovod, frameworks")
+        )
+        gpus = there["gpus"]
+        if gpus == 0 and here["gpus"] == 0:
+            yield Check(PASS, f"GPUs on {host.name}", f"none (CPU run, {host.slots} processes)")
+        elif gpus < host.slots:
+            yield Check(
+                FAIL,
+                f"GPUs on {host.name}",
+                f"{host.slots} slots but {gpus} GPU(s)",
+                f"set `{host.name} slots={gpus}` in the hostfile (one process per GPU)",
+            )
+        else:
+            yield Check(PASS, f"GPUs on {host.name}", f"{gpus} for {host.slots} slots")
