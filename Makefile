@@ -24,7 +24,7 @@ $(STAMP): $(STACK) setup.cfg pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/horovodrun -np 2 -H localhost:2 --gloo $(BIN)/python examples/keras_mnist.py --epochs 10
+	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/hvdkit run --hostfile hostfiles/localhost -- $(BIN)/python examples/keras_mnist.py --epochs 10
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -175,3 +175,12 @@ def test_a_rank_stopped_by_another_ranks_failure_is_not_blamed():
     ]:
         out.feed(line)
     assert out.failed_rank() == (1, 3)
+
+
+def test_doctor_flags_a_host_name_that_resolves_to_loopback():
+    from hvdkit.doctor.remote import name_check
+
+    bad = name_check(Host("node2", 4), {"hostname": "node2", "address": "127.0.1.1"})
+    assert bad.status == "FAIL" and "/etc/hosts" in bad.fix and "127.0.1.1" in bad.detail
+    good = name_check(Host("node2", 4), {"hostname": "node2", "address": "10.1.2.3"})
+    assert good.status == "PASS"

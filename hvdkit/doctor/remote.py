@@ -7,6 +7,7 @@ import json
 import platform
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,7 +37,12 @@ def collect() -> dict:
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
         gpus = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-    return {"versions": versions, "gpus": gpus}
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        address = None
+    return {"versions": versions, "gpus": gpus, "hostname": name, "address": address}
 
 
 def ssh_argv(host: Host, port: int | None, identity: str | None, timeout: int = 10) -> list[str]:
@@ -116,3 +122,22 @@ def host_checks(
             )
         else:
             yield Check(PASS, f"GPUs on {host.name}", f"{gpus} for {host.slots} slots")
+        if len(hosts) > 1:
+            yield name_check(host, there)
+
+
+def name_check(host: Host, there: dict) -> Check:
+    """Horovod 0.28.1's Gloo builds its process-set context on the address of the machine's
+    host name, ignoring --network-interface: a name that resolves to loopback (Debian's
+    default 127.0.1.1) makes the other hosts connect to themselves and fail."""
+    name, address = there["hostname"], there["address"]
+    if address and not address.startswith("127."):
+        return Check(PASS, f"host name on {host.name}", f"{name} resolves to {address}")
+    return Check(
+        FAIL,
+        f"host name on {host.name}",
+        f"{name} resolves to {address or 'nothing'}, not an address other hosts can reach; "
+        "Horovod's Gloo would advertise it and the job would fail at its first allreduce",
+        f"on {host.name}, map {name} to its cluster address in /etc/hosts (`<IP> {name}`), "
+        "or use --mpi",
+    )

@@ -1,0 +1,69 @@
+"""hvdkit run and hvdkit doctor across two hosts over real ssh: two network namespaces on this
+machine, each with its own sshd (see tests/netns.py). Needs root; in CI it must run, not skip."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import WORKERS, results
+from netns import TwoHosts, ensure_tools
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
+HVDKIT = str(Path(sys.executable).parent / "hvdkit")
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    reason = "needs root (network namespaces)" if os.geteuid() != 0 else ensure_tools()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the two-host ssh test must run in CI: {reason}")
+        pytest.skip(reason)
+    hosts = TwoHosts(tmp_path)
+    try:
+        hosts.up()
+        yield hosts
+    finally:
+        hosts.down()
+
+
+def test_hvdkit_run_and_doctor_across_two_ssh_hosts(two_hosts, capsys):
+    hostfile = str(two_hosts.hostfile())
+    out = two_hosts.run_in_launcher(
+        [HVDKIT, "run", "--hostfile", hostfile, "--gloo", "--network-interface", "hvd0",
+         "--env", "HVDKIT_TEST_VALUE=over-ssh", "--", sys.executable,
+         str(WORKERS / "launch_worker.py")]
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = results(out)
+    namespaces = [two_hosts.netns_id(ns) for ns in two_hosts.hosts]
+    assert [r[0]["netns"], r[1]["netns"]] == namespaces  # each rank in its own "host"
+    assert r[0]["sum"] == r[1]["sum"] == 3.0 and r[1]["forwarded"] == "over-ssh"
+
+    doctor = two_hosts.run_in_launcher(
+        [HVDKIT, "doctor", "--hostfile", hostfile, "--network-interface", "hvd0"]
+    )
+    assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    for addr in two_hosts.hosts.values():
+        assert f"PASS  host {addr}: reachable over ssh" in doctor.stdout
+        assert f"PASS  versions on {addr}" in doctor.stdout
+        assert f"PASS  host name on {addr}" in doctor.stdout
+    assert "PASS  allreduce across hosts" in doctor.stdout
+
+    second = list(two_hosts.hosts)[1]
+    two_hosts.stop_sshd(second)
+    broken = two_hosts.run_in_launcher([HVDKIT, "doctor", "--hostfile", hostfile])
+    assert broken.returncode == 1
+    addr = two_hosts.hosts[second]
+    assert f"FAIL  host {addr}: unreachable: exit 255" in broken.stdout
+    assert f"fix: check that sshd runs on {addr}" in broken.stdout
+    assert "SKIP  allreduce across hosts" in broken.stdout
+    with capsys.disabled():
+        print(
+            f"\n[two-host ssh test] ranks ran in {namespaces} via sshd at "
+            f"{list(two_hosts.hosts.values())}; allreduce {r[0]['sum']}; doctor named {addr} "
+            "once its sshd was stopped"
+        )
