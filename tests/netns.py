@@ -153,11 +153,19 @@ class TwoHosts:
     def netns_id(self, ns: str) -> str:
         return self._run("ip", "netns", "exec", ns, "readlink", "/proc/self/ns/net").strip()
 
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "PATH": f"{self.tmp}/bin{os.pathsep}{os.environ.get('PATH', '')}"}
+
     def run_in_launcher(self, argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PATH": f"{self.tmp}/bin{os.pathsep}{os.environ.get('PATH', '')}"}
         return subprocess.run(
             ["ip", "netns", "exec", self.launcher, *argv], capture_output=True, text=True,
-            timeout=timeout, env=env, stdin=subprocess.DEVNULL,
+            timeout=timeout, env=self._env(), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def start_in_launcher(self, argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.launcher, *argv], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=self._env(), stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
     def down(self) -> None:

@@ -51,6 +51,15 @@ def test_a_failing_rank_fails_the_job_and_is_named():
     assert "horovod/runner/launch.py" not in out.stderr  # horovodrun's own traceback held back
 
 
+def test_with_output_dir_the_failing_rank_is_read_from_its_log(tmp_path):
+    out = hvdkit("run", "-np", "2", "--gloo", "--output-dir", str(tmp_path), "--", sys.executable,
+                 WORKER, "fail")  # fmt: skip
+    assert out.returncode != 0
+    assert "hvdkit run: rank 1 on host localhost failed" in out.stderr
+    assert "rank 1 is about to fail on purpose" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.0", "rank.1"]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -60,24 +69,36 @@ def _alive(pid: int) -> bool:
         return fh.read().split(")")[-1].split()[0] != "Z"
 
 
+def read_pids(proc: subprocess.Popen, count: int, timeout: float = 120) -> list[int]:
+    """The PIDs the launch worker's ranks print in ``sleep`` mode."""
+    pids = []
+    deadline = time.time() + timeout
+    while len(pids) < count and time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        if "PID " in line:
+            pids.append(json.loads(line.split("PID ", 1)[1])["pid"])
+    assert len(pids) == count, proc.stderr.read() if proc.poll() is not None else "no PIDs"
+    return pids
+
+
+def wait_gone(pids: list[int], timeout: float = 30) -> bool:
+    deadline = time.time() + timeout
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.5)
+    return not any(_alive(p) for p in pids)
+
+
 def test_ctrl_c_stops_every_rank():
     proc = subprocess.Popen(
         [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable, WORKER, "sleep"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    pids = []
-    deadline = time.time() + 120
-    while len(pids) < 2 and time.time() < deadline:
-        line = proc.stdout.readline()
-        if "PID " in line:
-            pids.append(json.loads(line.split("PID ", 1)[1])["pid"])
-    assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else "no PIDs"
+    pids = read_pids(proc, 2)
     proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
     assert proc.wait(60) == 130
-    deadline = time.time() + 30
-    while any(_alive(p) for p in pids) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not any(_alive(p) for p in pids), pids
+    assert wait_gone(pids), pids
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")

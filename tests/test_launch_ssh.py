@@ -4,12 +4,14 @@ machine, each with its own sshd (see tests/netns.py). Needs root; in CI it must 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import WORKERS, results
 from netns import TwoHosts, ensure_tools
+from test_launch import read_pids, wait_gone
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -52,6 +54,16 @@ def test_hvdkit_run_and_doctor_across_two_ssh_hosts(two_hosts, capsys):
         assert f"PASS  versions on {addr}" in doctor.stdout
         assert f"PASS  host name on {addr}" in doctor.stdout
     assert "PASS  allreduce across hosts" in doctor.stdout
+
+    # Ctrl-C on the launcher stops the ranks on both hosts (sshd alone would not).
+    sleeper = two_hosts.start_in_launcher(
+        [HVDKIT, "run", "--hostfile", hostfile, "--gloo", "--", sys.executable,
+         str(WORKERS / "launch_worker.py"), "sleep"]
+    )  # fmt: skip
+    pids = read_pids(sleeper, 2)
+    sleeper.send_signal(signal.SIGINT)
+    assert sleeper.wait(60) == 130
+    assert wait_gone(pids), pids
 
     second = list(two_hosts.hosts)[1]
     two_hosts.stop_sshd(second)

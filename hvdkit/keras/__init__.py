@@ -79,13 +79,17 @@ def broadcast_global_variables(root_rank: int = 0, model: keras.Model | None = N
 
 def load_model(
     filepath: str | Path,
+    custom_optimizers: list[type] | None = None,
     custom_objects: dict[str, Any] | None = None,
     compression: Any = None,
     **kwargs: Any,
 ) -> keras.Model:
     """``keras.saving.load_model`` with the saved optimizer wrapped in
-    :func:`DistributedOptimizer`, ready to go on training on every rank."""
-    model = keras.saving.load_model(filepath, custom_objects=custom_objects, **kwargs)
+    :func:`DistributedOptimizer`, ready to go on training on every rank (Horovod's
+    signature: ``custom_optimizers`` are optimizer classes the file may name)."""
+    objects = {cls.__name__: cls for cls in custom_optimizers or []}
+    objects.update(custom_objects or {})
+    model = keras.saving.load_model(filepath, custom_objects=objects or None, **kwargs)
     if getattr(model, "optimizer", None) is not None:
         DistributedOptimizer(model.optimizer, compression=compression)
     return model

@@ -114,13 +114,15 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     means the optimizer's LR when training starts. With a ``LearningRateSchedule`` the
     schedule's own values are ramped. ``steps_per_epoch`` defaults to what ``fit`` knows;
     ``warmup_steps`` replaces ``warmup_epochs``; ``start`` (default ``1 / size``) is the share
-    of the LR at step 0.
+    of the LR at step 0. ``momentum_correction`` is accepted for Horovod compatibility (see
+    :class:`LearningRateScheduleCallback`).
     """
 
     def __init__(
         self,
         initial_lr: float | None = None,
         warmup_epochs: float = 5,
+        momentum_correction: bool = True,
         steps_per_epoch: int | None = None,
         verbose: int = 0,
         *,

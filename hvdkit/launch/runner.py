@@ -99,9 +99,11 @@ def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
         return 130
     if code != 0:
         host_of = {slot.rank: slot.host for slot in plan.ranks}
+        if output_dir:
+            for slot in plan.ranks:
+                if not output.tail(slot.rank):
+                    _from_files(output, output_dir, slot.rank)
         failed = output.failed_rank()
-        if output_dir and failed is not None and not output.tail(failed[0]):
-            _from_files(output, output_dir, failed[0])
         if failed is None:
             sys.stderr.writelines(held)
         print(failure_message(output, host_of, code), file=sys.stderr, flush=True)
