@@ -5,11 +5,13 @@ BIN := $(VENV)/bin
 STACK := hvdkit/build/stack-cpu.txt
 STAMP := $(VENV)/.hvdkit-stack
 PYTEST_ARGS ?=
+# What Horovod is built with; docker/Dockerfile.gpu passes its own (NCCL, CUDA arch).
+BUILD_FLAGS ?= --frameworks torch,tensorflow --controllers gloo,mpi
 
 .PHONY: setup run test test-fast doctor clean
 
 setup: $(STAMP)
-	$(BIN)/hvdkit build-horovod --frameworks torch,tensorflow --controllers gloo,mpi
+	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
 
 $(STAMP): $(STACK) setup.cfg pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
