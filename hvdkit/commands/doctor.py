@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from hvdkit.commands.run import add_ssh_options
 from hvdkit.doctor.checks import FAIL, SKIP, Check
 
 
@@ -29,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="check every host in FILE over ssh, then run an allreduce across all of them",
     )
-    parser.add_argument("--ssh-port", type=int, metavar="PORT")
-    parser.add_argument("--ssh-identity-file", metavar="FILE")
+    add_ssh_options(parser)
     parser.set_defaults(func=doctor_command)
 
 

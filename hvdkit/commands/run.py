@@ -64,8 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="write each rank's stdout/stderr under DIR instead of the console",
     )
-    parser.add_argument("--ssh-port", type=int, metavar="PORT")
-    parser.add_argument("--ssh-identity-file", metavar="FILE")
+    add_ssh_options(parser)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -75,6 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--verbose", action="store_true", help="horovodrun's verbose output")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     parser.set_defaults(func=run_command)
+
+
+def add_ssh_options(parser: argparse.ArgumentParser) -> None:
+    """``--ssh-port`` and ``--ssh-identity-file``, shared with ``hvdkit doctor``."""
+    parser.add_argument("--ssh-port", type=int, metavar="PORT", help="sshd port on the hosts")
+    parser.add_argument("--ssh-identity-file", metavar="FILE", help="private key for ssh")
 
 
 def _fail(message: str) -> int:
