@@ -101,6 +101,21 @@ def test_ctrl_c_stops_every_rank():
     assert wait_gone(pids), pids
 
 
+def test_guard_stops_the_rank_when_its_session_goes_away():
+    # The remote shape: sshd runs `sh -c 'cd DIR ; guard -- CMD'`, and that shell outlives
+    # sshd, so the guard's parent never changes; closing the output pipe is what sshd's exit does.
+    proc = subprocess.Popen(
+        ["sh", "-c", f"cd {ROOT} ; {sys.executable} -m hvdkit.launch.guard -- {sys.executable} "
+         f"{WORKER} sleep ; true"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )  # fmt: skip
+    pids = read_pids(proc, 1)
+    assert not wait_gone(pids, timeout=2)  # still running while someone reads its output
+    proc.stdout.close()
+    assert wait_gone(pids), pids
+    assert proc.wait(30) == 0
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")
 def test_ranks_started_by_mpirun_directly_work_with_the_adapters():
     out = subprocess.run(
