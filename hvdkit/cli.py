@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from hvdkit import __version__
-from hvdkit.commands import build_horovod, doctor, run
+from hvdkit.commands import bench, build_horovod, doctor, run
 
-COMMANDS = (build_horovod, doctor, run)
+COMMANDS = (build_horovod, doctor, run, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

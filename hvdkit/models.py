@@ -10,6 +10,15 @@ import torch
 from torch import nn
 
 
+def cnn(classes: int = 10, in_channels: int = 1) -> nn.Module:
+    """The small MNIST CNN (conv32-conv64-pool-fc128), for 28x28 inputs."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 12 * 12, 128), nn.ReLU(),
+        nn.Linear(128, classes),
+    )  # fmt: skip
+
+
 def mlp(in_features: int = 784, hidden: int = 512, classes: int = 10) -> nn.Module:
     """784-512-10 MLP (the classic MNIST data-parallel example)."""
     return nn.Sequential(
@@ -97,4 +106,4 @@ def resnet50(classes: int = 1000, in_channels: int = 3, small_input: bool = Fals
     return _resnet(_Bottleneck, [3, 4, 6, 3], classes, in_channels, small_input)
 
 
-MODELS = {"mlp": mlp, "resnet18": resnet18, "resnet50": resnet50}
+MODELS = {"cnn": cnn, "mlp": mlp, "resnet18": resnet18, "resnet50": resnet50}

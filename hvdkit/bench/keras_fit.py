@@ -1,0 +1,161 @@
+"""Keras 3 ``fit()`` throughput, one process per rank: ``python -m hvdkit.bench.keras_fit``.
+
+Both variants train the same CNN (the MNIST example's) on the same synthetic batches with the
+same optimizer. "hvdkit" is a plain ``model.fit`` with ``hvdkit.keras.DistributedOptimizer``;
+"by hand" is a ``train_step`` override that calls Horovod's grouped allreduce on the
+gradients itself (what one writes without hvdkit). Rounds alternate between the two so that
+machine noise hits both; rank 0 prints samples/s per variant and the ratio, and the result
+line ``hvdkit bench`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from hvdkit.bench.worker import emit, pinned_threads, timed_rounds
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("tensorflow", "torch"), default=None)
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--steps", type=int, default=40, help="steps per round (>= 2)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds per variant")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse(argv)
+    if args.backend:
+        os.environ["KERAS_BACKEND"] = args.backend
+    import keras
+    import numpy as np
+
+    import hvdkit.keras as hvd
+    from hvdkit.keras import backend
+    from hvdkit.rank_zero import print0
+
+    hvd.init()
+    threads = pinned_threads(hvd.local_size())
+    if keras.config.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+    else:  # before TensorFlow's first op, which fixes its thread pools
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    hvdops = backend.horovod()
+
+    class HandWired(keras.Sequential):
+        """Keras's default train step with Horovod's allreduce inserted by hand."""
+
+        def train_step(self, data):
+            x, y = data
+            if keras.config.backend() == "tensorflow":
+                import tensorflow as tf
+
+                with tf.GradientTape() as tape:
+                    y_pred = self(x, training=True)
+                    loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+                grads = tape.gradient(loss, self.trainable_weights)
+                grads = hvdops.grouped_allreduce(grads, op=hvdops.Average)
+                self.optimizer.apply(grads, self.trainable_weights)
+            else:
+                import torch
+
+                self.zero_grad()
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+                loss.backward()
+                with torch.no_grad():
+                    grads = [v.value.grad for v in self.trainable_weights]
+                    grads = hvdops.grouped_allreduce(grads, op=hvdops.Average)
+                    self.optimizer.apply(grads, self.trainable_weights)
+            self._loss_tracker.update_state(loss, sample_weight=keras.ops.shape(x)[0])
+            return self.compute_metrics(x, y, y_pred)
+
+    def cnn(cls):
+        keras.utils.set_random_seed(0)
+        return cls(
+            [
+                keras.Input((28, 28, 1)),
+                keras.layers.Conv2D(32, 3, activation="relu"),
+                keras.layers.Conv2D(64, 3, activation="relu"),
+                keras.layers.MaxPooling2D(2),
+                keras.layers.Flatten(),
+                keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+
+    rng = np.random.default_rng(hvd.rank())
+    n = args.batch_size * args.steps
+    x = rng.random((n, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, n)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    models = {
+        "hvdkit": cnn(keras.Sequential),
+        "by hand": cnn(HandWired),
+    }
+    models["hvdkit"].compile(
+        optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+        loss=loss,
+        jit_compile=False,
+    )
+    models["by hand"].compile(optimizer=keras.optimizers.SGD(0.01), loss=loss, jit_compile=False)
+
+    class StepClock(keras.callbacks.Callback):
+        """Times the steps after the first, so fit()'s own set-up (data adapter, callbacks)
+        is not counted: what is compared is the training step."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                self.start = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            self.seconds = time.perf_counter() - self.start
+
+    def timed(model) -> float:
+        clock = StepClock()
+        model.fit(x, y, batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[clock])  # fmt: skip
+        return args.batch_size * (args.steps - 1) / clock.seconds  # per rank
+
+    for model in models.values():
+        timed(model)  # traces the step, builds the optimizer
+    # ABBA order, so a drift in machine speed does not favour the one measured first.
+    rates = timed_rounds({name: (lambda m=m: timed(m)) for name, m in models.items()}, args.rounds)
+    # Rates on this kind of machine jump between levels from round to round, so the ratio is
+    # taken within each round (both variants side by side) and its median reported.
+    result = {name: statistics.median(values) for name, values in rates.items()}
+    ratios = [a / b for a, b in zip(rates["hvdkit"], rates["by hand"], strict=True)]
+    result["ratio"] = statistics.median(ratios)
+    result["ratio_best"] = max(rates["hvdkit"]) / max(rates["by hand"])
+    print0(
+        f"Keras {keras.__version__} backend {keras.config.backend()}, {hvd.size()} ranks, "
+        f"batch {args.batch_size}/rank, {args.rounds} rounds x {args.steps} steps"
+    )
+    for name in models:
+        low, high = min(rates[name]), max(rates[name])
+        print0(
+            f"  {name:8s} median {result[name]:8.1f} samples/s per rank "
+            f"(rounds {low:.1f}..{high:.1f})"
+        )
+    print0(
+        f"  ratio hvdkit / by hand: {result['ratio']:.3f} (median of per-round ratios; "
+        f"best vs best {result['ratio_best']:.3f})"
+    )
+    emit(
+        hvd.rank(),
+        {"backend": keras.config.backend(), "ranks": hvd.size(), "batch_size": args.batch_size,
+         "threads": threads, "samples_per_s": rates},
+    )  # fmt: skip
+    return result
+
+
+if __name__ == "__main__":
+    main()

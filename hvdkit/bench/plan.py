@@ -1,0 +1,125 @@
+"""What ``hvdkit bench`` runs: a list of jobs built from its options, with no side effects
+(the runner in :mod:`hvdkit.bench.execute` starts them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hvdkit.bench.metrics import KIB, MIB, message_sizes
+
+SECTIONS = ("allreduce", "training", "keras", "pipeline")
+KERAS_BACKENDS = ("tensorflow", "torch")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """``hvdkit bench``'s options."""
+
+    nps: tuple[int, ...] = (1, 2)
+    sections: tuple[str, ...] = SECTIONS
+    quick: bool = False
+    controllers: tuple[str, ...] = ()  # for allreduce (none: all available); others: the first
+    models: tuple[str, ...] = ("cnn", "resnet18")
+    keras_backends: tuple[str, ...] = KERAS_BACKENDS
+    threads: int = 1  # per rank, at every world size
+    pipeline_workers: int = 2
+
+
+@dataclass(frozen=True)
+class Job:
+    """One launch: ``python -m MODULE ARGS`` on ``np`` ranks with ``controller``."""
+
+    section: str
+    label: str
+    module: str
+    args: tuple[str, ...]
+    np: int
+    controller: str | None = None  # None: one plain process, no launcher
+    env: dict[str, str] = field(default_factory=dict)
+    key: dict[str, object] = field(default_factory=dict)  # what the result is filed under
+
+
+def allreduce_sizes(quick: bool) -> list[int]:
+    return message_sizes(4 * KIB, (64 if quick else 256) * MIB)
+
+
+# Per model: (batch per rank, steps per round, rounds); quick in the second entry. Many short
+# rounds rather than a few long ones: the median of per-round ratios needs the rounds.
+TRAINING = {
+    "cnn": ((32, 5, 12), (32, 4, 3)),
+    "mlp": ((64, 5, 12), (64, 4, 3)),
+    "resnet18": ((16, 2, 10), (8, 1, 3)),
+    "resnet50": ((8, 1, 6), (4, 1, 2)),
+}
+
+
+def _choose(flag: str, given: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    unknown = [g for g in given if g not in allowed]
+    if unknown:
+        raise ValueError(f"{flag} {','.join(unknown)}: unknown; choose from {', '.join(allowed)}")
+
+
+def check(config: BenchConfig, available: tuple[str, ...]) -> None:
+    """Raise ValueError naming the bad option and the fix."""
+    if not config.nps or any(n < 1 for n in config.nps):
+        raise ValueError(f"--np {','.join(map(str, config.nps))}: give positive rank counts, "
+                         "e.g. --np 1,2")  # fmt: skip
+    _choose("--only", config.sections, SECTIONS)
+    missing = [c for c in config.controllers if c not in available]
+    if missing:
+        raise ValueError(
+            f"--controllers {','.join(missing)}: this Horovod cannot use "
+            f"{' or '.join(m.upper() for m in missing)} here (available: "
+            f"{', '.join(available) or 'none'}). Fix: leave it out, or rebuild with "
+            "`hvdkit build-horovod --controllers gloo,mpi` after installing Open MPI"
+        )
+    _choose("--models", config.models, tuple(TRAINING))
+    _choose("--keras-backends", config.keras_backends, KERAS_BACKENDS)
+    if config.threads < 1:
+        raise ValueError(f"--threads {config.threads}: must be >= 1")
+
+
+def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
+    """Every launch of the run, in order: quick and cheap first, so a failure shows early."""
+    check(config, available)
+    quick = ("--quick",) if config.quick else ()
+    threads = {"HVDKIT_BENCH_THREADS": str(config.threads)}
+    controllers = config.controllers or available
+    main_controller = controllers[0]
+    jobs: list[Job] = []
+    if "pipeline" in config.sections:
+        batches = 12 if config.quick else 40
+        jobs.append(Job("pipeline", "input pipeline", "hvdkit.bench.pipeline",
+                        ("--workers", str(config.pipeline_workers), "--batches", str(batches)),
+                        1))  # fmt: skip
+    if "allreduce" in config.sections:
+        sizes = ",".join(map(str, allreduce_sizes(config.quick)))
+        jobs.append(Job("allreduce", "loopback TCP and memcpy", "hvdkit.bench.loopback",
+                        ("--sizes", sizes, *quick), 1))  # fmt: skip
+        for np in (n for n in config.nps if n > 1):
+            for i, controller in enumerate(controllers):
+                extra = ("--torch-dist",) if i == 0 else ()  # once per world size
+                extra += ("--mpi4py",) if controller == "mpi" else ()
+                jobs.append(Job("allreduce", f"allreduce np={np} {controller}",
+                                "hvdkit.bench.allreduce", ("--sizes", sizes, *extra, *quick),
+                                np, controller, key={"controller": controller}))  # fmt: skip
+    if "training" in config.sections:
+        specs = []
+        for model in config.models:
+            batch, steps, rounds = TRAINING[model][1 if config.quick else 0]
+            specs += ["--spec", f"{model}:{batch}:{steps}:{rounds}"]
+        # What pinning threads is worth is a property of the machine: one model shows it.
+        args = (*specs, "--threads-variant-for", config.models[0])
+        for np in config.nps:
+            jobs.append(Job("training", f"{','.join(config.models)} np={np}",
+                            "hvdkit.bench.training", args, np, main_controller,
+                            dict(threads)))  # fmt: skip
+    for backend in config.keras_backends if "keras" in config.sections else ():
+        batch, steps, rounds = (32, 6, 3) if config.quick else (64, 30, 6)
+        args = ("--backend", backend, "--batch-size", str(batch), "--steps", str(steps),
+                "--rounds", str(rounds))  # fmt: skip
+        for np in config.nps:
+            jobs.append(Job("keras", f"keras {backend} np={np}", "hvdkit.bench.keras_fit", args,
+                            np, main_controller, {**threads, "KERAS_BACKEND": backend},
+                            key={"backend": backend}))  # fmt: skip
+    return jobs

@@ -1,0 +1,77 @@
+"""PNG plots of a bench summary: bus bandwidth against message size, and total throughput
+against ranks (with the ideal line). matplotlib is imported only here, with a file backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hvdkit.bench.metrics import human_bytes
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a cluster node
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def busbw_plot(allreduce: dict, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in allreduce["series"]:
+        ax.plot(s["sizes"], s["busbw_gbps"], marker="o", label=s["name"])
+    if "loopback_tcp_gbps" in allreduce:
+        ax.plot(allreduce["sizes"], allreduce["loopback_tcp_gbps"], "k--",
+                label="loopback TCP (2 processes)")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    sizes = allreduce["series"][0]["sizes"]
+    ax.set_xticks(sizes, [human_bytes(n) for n in sizes], rotation=30, fontsize=8)
+    _label(ax, "message size", "bus bandwidth (GB/s)", "Allreduce bus bandwidth")
+    return _save(plt, fig, path)
+
+
+def scaling_plot(summary: dict, path: Path) -> Path:
+    plt = _pyplot()
+    panels = [(f"torch {name}", m["samples_per_s"], "plain")
+              for name, m in summary.get("training", {}).items()]  # fmt: skip
+    panels += [(f"keras fit() {name}", k["samples_per_s"], "hvdkit")
+               for name, k in summary.get("keras", {}).items()]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8), squeeze=False)
+    for ax, (title, by_np, baseline) in zip(axes[0], panels, strict=True):
+        ranks = sorted(int(n) for n in by_np)
+        for variant in by_np[str(ranks[0])]:
+            ax.plot(ranks, [by_np[str(n)][variant] * n for n in ranks], marker="o", label=variant)
+        base = by_np.get("1", {}).get(baseline)
+        if base:
+            ax.plot(ranks, [base * n for n in ranks], "k:", label="ideal")
+        ax.set_xticks(ranks)
+        _label(ax, "ranks", "samples/s (all ranks)", title)
+    return _save(plt, fig, path)
+
+
+def write_plots(summary: dict, directory: Path) -> list[Path]:
+    """The plots this summary has data for, written into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    if summary.get("allreduce", {}).get("series"):
+        written.append(busbw_plot(summary["allreduce"], directory / "allreduce_busbw.png"))
+    if summary.get("training") or summary.get("keras"):
+        written.append(scaling_plot(summary, directory / "throughput_vs_ranks.png"))
+    return written

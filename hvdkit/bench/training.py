@@ -1,0 +1,179 @@
+"""Training throughput, one process per rank: ``python -m hvdkit.bench.training``.
+
+The same model and synthetic batch, trained by several variants side by side in the same
+processes, in interleaved rounds so the machine's drift hits all of them alike:
+
+- ``plain``: no communication at all, the compute alone (the weak-scaling baseline);
+- ``hvdkit``: :func:`hvdkit.torch.setup`;
+- ``horovod``: the same steps wired by hand with ``horovod.torch``, as Horovod's examples do;
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over torch.distributed gloo;
+- with ``--threads-variant-for MODEL``, hvdkit with torch's default thread count instead
+  of the per-rank share, paired with hvdkit in rounds of its own: what pinning is worth.
+
+The main variants run with the same threads per rank (``HVDKIT_BENCH_THREADS``). With more
+than one rank it also times one allreduce of the model's gradient bytes, for the no-overlap
+bound. Rank 0 prints samples/s per rank for each variant and round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from functools import partial
+
+from hvdkit.bench.worker import clock, emit, pinned_threads, timed_rounds
+
+VARIANTS = ("plain", "hvdkit", "horovod", "ddp")
+INPUTS = {"cnn": (1, 28), "mlp": (1, 28), "resnet18": (3, 32), "resnet50": (3, 224)}
+
+
+class Variant:
+    """One copy of the model and optimizer, wired for one variant, and its training step."""
+
+    def __init__(self, kind: str, model_name: str, batch_size: int, device, threads: int) -> None:
+        import horovod.torch as horovod
+        import torch
+
+        import hvdkit.torch as hvdkit_torch
+        from hvdkit.models import MODELS
+
+        torch.manual_seed(0)
+        channels, side = INPUTS[model_name]
+        extra = {} if model_name == "mlp" else {"in_channels": channels}
+        model = MODELS[model_name](classes=10, **extra).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if kind.startswith("hvdkit"):
+            session = hvdkit_torch.setup(model, optimizer)  # the six steps, no checkpoint
+            model, optimizer = session.model, session.optimizer
+        elif kind == "horovod":
+            for group in optimizer.param_groups:
+                group["lr"] *= horovod.size()
+            optimizer = horovod.DistributedOptimizer(
+                optimizer, named_parameters=model.named_parameters()
+            )
+            horovod.broadcast_parameters(model.state_dict(), root_rank=0)
+            horovod.broadcast_optimizer_state(optimizer, root_rank=0)
+        elif kind == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        self.kind, self.model, self.optimizer, self.threads = kind, model, optimizer, threads
+        generator = torch.Generator().manual_seed(horovod.rank())
+        self.x = torch.randn(batch_size, channels, side, side, generator=generator).to(device)
+        self.y = torch.randint(0, 10, (batch_size,), generator=generator).to(device)
+
+    def step(self) -> None:
+        import torch.nn.functional as F
+
+        self.optimizer.zero_grad()
+        F.cross_entropy(self.model(self.x), self.y).backward()
+        self.optimizer.step()
+
+    def samples_per_second(self, steps: int, barrier) -> float:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        barrier()
+        start = clock()
+        for _ in range(steps):
+            self.step()
+        return len(self.y) * steps / (clock() - start)
+
+
+def gradient_allreduce_seconds(params: int, repeats: int = 5) -> float:
+    """One Horovod allreduce of a float32 tensor the size of all gradients (slowest rank)."""
+    import horovod.torch as hvd
+    import torch
+
+    tensor = torch.ones(params)
+    hvd.allreduce_(tensor, name="bench.grads")
+    hvd.allreduce(torch.zeros(1), name="bench.barrier")
+    start = clock()
+    for _ in range(repeats):
+        hvd.allreduce_(tensor, name="bench.grads")
+    seconds = (clock() - start) / repeats
+    return hvd.allreduce(torch.tensor(seconds), op=hvd.Max, name="bench.slowest").item()
+
+
+def parse_spec(text: str) -> tuple[str, int, int, int]:
+    """``MODEL:BATCH:STEPS:ROUNDS`` -> its parts."""
+    model, batch, steps, rounds = text.split(":")
+    if model not in INPUTS:
+        raise ValueError(f"unknown model {model!r}")
+    return model, int(batch), int(steps), int(rounds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", action="append", type=parse_spec, required=True,
+                        help="MODEL:BATCH:STEPS:ROUNDS, batch per rank (repeatable)")  # fmt: skip
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--threads-variant-for", default="", metavar="MODEL,...",
+                        help="also time hvdkit with torch's default threads")  # fmt: skip
+    args = parser.parse_args(argv)
+
+    import torch
+
+    default_threads = torch.get_num_threads()
+    import horovod.torch as hvd
+
+    hvd.init()
+    threads = pinned_threads(hvd.local_size())
+    torch.set_num_threads(threads)
+    variants = args.variants.split(",")
+    if "ddp" in variants:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{os.environ['HVDKIT_BENCH_MASTER']}",
+            rank=hvd.rank(),
+            world_size=hvd.size(),
+        )
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", hvd.local_rank())
+
+    def barrier() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        hvd.allreduce(torch.zeros(1), name="bench.barrier")
+
+    for model, batch_size, steps, rounds in args.spec:
+        runners = {kind: Variant(kind, model, batch_size, device, threads) for kind in variants}
+        for runner in runners.values():
+            runner.samples_per_second(1, barrier)  # warm-up: allocations, first allreduces
+        rates = timed_rounds(
+            {kind: partial(r.samples_per_second, steps, barrier) for kind, r in runners.items()},
+            rounds,
+        )
+        threads_pair = None
+        if model in args.threads_variant_for.split(",") and "hvdkit" in runners:
+            # Paired with hvdkit in rounds of their own: torch's idle OpenMP threads keep
+            # spinning for a while after a many-thread step and would slow whichever variant
+            # ran next in the main rounds.
+            extra = Variant("hvdkit", model, batch_size, device, default_threads)
+            extra.samples_per_second(1, barrier)
+            threads_pair = timed_rounds(
+                {"hvdkit": partial(runners["hvdkit"].samples_per_second, steps, barrier),
+                 "hvdkit-default-threads": partial(extra.samples_per_second, steps, barrier)},
+                rounds,
+            )  # fmt: skip
+        params = sum(p.numel() for p in runners[variants[0]].model.parameters())
+        torch.set_num_threads(threads)
+        result = {
+            "model": model,
+            "ranks": hvd.size(),
+            "batch_size": batch_size,
+            "params": params,
+            "threads": threads,
+            "default_threads": default_threads,
+            "samples_per_s": rates,
+            "threads_pair": threads_pair,
+            "grad_allreduce_s": gradient_allreduce_seconds(params) if hvd.size() > 1 else 0.0,
+        }
+        emit(hvd.rank(), result)
+    if "ddp" in variants:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""``hvdkit bench --quick`` for real: every section runs (real ranks under horovodrun with Gloo
+and MPI), the JSON validates and the plots are written. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from hvdkit.bench import report
+
+HVDKIT = str(Path(sys.executable).parent / "hvdkit")
+
+
+def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [HVDKIT, "bench", "--no-progress", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_quick_run_reports_every_section(tmp_path, capsys):
+    out = bench("--quick", "--json", str(tmp_path / "bench.json"), "--plots",
+                str(tmp_path / "plots"), timeout=840)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    report.validate(doc)
+    assert doc["complete"] is True
+    summary = doc["summary"]
+    names = {s["name"] for s in summary["allreduce"]["series"]}
+    assert names == {"horovod gloo np=2", "horovod mpi np=2", "torch.distributed gloo np=2",
+                     "mpi4py Allreduce np=2"}  # fmt: skip
+    assert summary["allreduce"]["large_message"]["loopback_tcp_gbps"] > 0
+    for model in ("cnn", "resnet18"):
+        m = summary["training"][model]
+        assert set(m["samples_per_s"]) == {"1", "2"}
+        assert set(m["efficiency"]["2"]) == {"plain", "hvdkit", "horovod", "ddp"}
+        assert 0 < m["bound"]["2"] < 1 and 0 < m["bound_same_run"]["2"] < 1
+    assert summary["training"]["cnn"]["threads_effect"]["2"] > 0  # measured on the first model
+    for backend in ("tensorflow", "torch"):
+        assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
+    assert summary["pipeline"]["samples_per_s"]["workers"] > 0
+    assert len(summary["targets"]) == 9  # 2 models x 3, 2 backends, 1 bandwidth
+    for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
+                    "Input pipeline", "Targets"):  # fmt: skip
+        assert heading in out.stdout
+    for png in ("allreduce_busbw.png", "throughput_vs_ranks.png"):
+        assert (tmp_path / "plots" / png).stat().st_size > 10_000
+    with capsys.disabled():  # the numbers go into the CI log
+        print("\n[hvdkit bench --quick]\n" + out.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--np", "0,2"), "hvdkit bench: --np 0,2: give positive rank counts"),
+        (("--only", "disk"), "hvdkit bench: --only disk: unknown"),
+        (("--controllers", "nccl"), "hvdkit bench: --controllers nccl: this Horovod cannot use"),
+        (("--hostfile", "missing.txt"), "hvdkit bench: missing.txt"),
+        (
+            ("--env", "HOROVOD_CYCLE_TIME"),
+            "hvdkit bench: --env 'HOROVOD_CYCLE_TIME': give NAME=VALUE",
+        ),
+    ],
+)
+def test_bad_options_stop_before_anything_runs(args, message):
+    out = bench(*args)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr

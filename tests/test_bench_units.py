@@ -1,0 +1,171 @@
+"""hvdkit bench's pure parts: bandwidth arithmetic, the job plan, the summary, targets, the
+JSON document and the plots, on made-up results (the real run is tests/test_bench.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvdkit.bench import metrics, report
+from hvdkit.bench.plan import BenchConfig, Job, plan_jobs
+from hvdkit.bench.plots import write_plots
+from hvdkit.bench.worker import MARKER, parse_results, timed_rounds
+
+MIB = metrics.MIB
+
+
+def test_busbw_follows_the_nccl_tests_definition():
+    alg = metrics.algbw(256 * MIB, 0.5)
+    assert alg == 512 * MIB
+    assert metrics.busbw(alg, 2) == alg  # 2(n-1)/n = 1 at two ranks
+    assert metrics.busbw(alg, 8) == pytest.approx(alg * 1.75)
+    assert metrics.busbw(alg, 1) == 0.0  # one rank moves nothing
+    with pytest.raises(ValueError):
+        metrics.algbw(1, 0.0)
+
+
+def test_sizes_efficiency_bound_and_ratios():
+    sizes = metrics.message_sizes(4 * 1024, 256 * MIB)
+    assert sizes[0] == 4096 and sizes[-1] == 256 * MIB and len(sizes) == 9
+    assert metrics.weak_scaling_efficiency(100.0, 90.0) == 0.9
+    assert metrics.no_overlap_bound(0.9, 0.1) == pytest.approx(0.9)
+    # Per-round ratios: a slow phase in round 2 hits both variants and cancels out.
+    assert metrics.median_ratio([100, 50, 100], [100, 50, 100]) == 1.0
+    assert metrics.human_bytes(4096) == "4 KiB" and metrics.human_bytes(256 * MIB) == "256 MiB"
+
+
+def test_timed_rounds_alternate_the_order():
+    calls: list[str] = []
+    out = timed_rounds({"a": lambda: calls.append("a") or 1.0,
+                        "b": lambda: calls.append("b") or 2.0}, 3)  # fmt: skip
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert out == {"a": [1.0] * 3, "b": [2.0] * 3}
+
+
+def test_result_lines_survive_a_tag_glued_on_by_mpirun():
+    text = f'[1,0]<stdout>:{MARKER}{{"x":1}}[1,0]<stdout>:\nnoise\n[0]<stdout>:{MARKER}{{"y":2}}\n'
+    assert parse_results(text) == [{"x": 1}, {"y": 2}]
+
+
+def test_plan_covers_every_section_and_world_size():
+    jobs = plan_jobs(BenchConfig(nps=(1, 2), quick=True), available=("gloo", "mpi"))
+    labels = [j.label for j in jobs]
+    assert labels[0] == "input pipeline"
+    assert "allreduce np=2 gloo" in labels and "allreduce np=2 mpi" in labels
+    assert "allreduce np=1 gloo" not in labels  # busbw is zero at one rank
+    assert {"cnn,resnet18 np=1", "cnn,resnet18 np=2"} <= set(labels)  # one launch, both models
+    training = next(j for j in jobs if j.label == "cnn,resnet18 np=2")
+    assert training.args == ("--spec", "cnn:32:4:3", "--spec", "resnet18:8:1:3",
+                             "--threads-variant-for", "cnn")  # fmt: skip
+    for backend in ("tensorflow", "torch"):
+        job = next(j for j in jobs if j.label == f"keras {backend} np=2")
+        assert job.env["KERAS_BACKEND"] == backend and job.env["HVDKIT_BENCH_THREADS"] == "1"
+    torch_dist = [j.controller for j in jobs if "--torch-dist" in j.args]
+    assert torch_dist == ["gloo"]  # torch.distributed once per world size
+    assert [j.controller for j in jobs if "--mpi4py" in j.args] == ["mpi"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (BenchConfig(nps=(0, 2)), "--np 0,2"),
+        (BenchConfig(sections=("allreduce", "disk")), "--only disk"),
+        (BenchConfig(controllers=("mpi",)), "--controllers mpi: this Horovod cannot use MPI"),
+        (BenchConfig(models=("vgg",)), "--models vgg"),
+        (BenchConfig(keras_backends=("jax",)), "--keras-backends jax"),
+    ],
+)
+def test_bad_options_are_named(config, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        plan_jobs(config, available=("gloo",))
+
+
+def _records() -> list[dict]:
+    def rec(section, label, np, result, **key):
+        job = Job(section, label, "m", (), np, None if np == 1 else "gloo", key=key)
+        return report.record(job, result)
+
+    sizes = [4096, 64 * MIB]
+    return [
+        rec("allreduce", "loopback TCP and memcpy", 1,
+            {"sizes": sizes, "seconds": {"loopback TCP": [1e-4, 0.032], "memcpy": [1e-6, 0.01]}}),
+        rec("allreduce", "allreduce np=2 gloo", 2,
+            {"ranks": 2, "sizes": sizes,
+             "seconds": {"horovod": [1e-3, 0.1], "torch.distributed": [5e-4, 0.05]}},
+            controller="gloo"),
+        rec("training", "cnn np=1", 1,
+            {"model": "cnn", "ranks": 1, "batch_size": 32, "params": 1000, "threads": 1,
+             "default_threads": 2, "grad_allreduce_s": 0.0,
+             "samples_per_s": {"plain": [320.0, 320.0], "hvdkit": [310.0, 310.0],
+                               "horovod": [310.0, 310.0], "ddp": [300.0, 300.0]}}, model="cnn"),
+        rec("training", "cnn np=2", 2,
+            {"model": "cnn", "ranks": 2, "batch_size": 32, "params": 1000, "threads": 1,
+             "default_threads": 2, "grad_allreduce_s": 0.01,
+             "samples_per_s": {"plain": [300.0, 300.0], "hvdkit": [288.0, 144.0],
+                               "horovod": [240.0, 150.0], "ddp": [256.0, 256.0]},
+             "threads_pair": {"hvdkit": [200.0, 100.0],
+                              "hvdkit-default-threads": [100.0, 60.0]}}, model="cnn"),
+        rec("keras", "keras torch np=2", 2,
+            {"backend": "torch", "ranks": 2, "batch_size": 64, "threads": 1,
+             "samples_per_s": {"hvdkit": [100.0, 90.0], "by hand": [100.0, 100.0]}},
+            backend="torch"),
+        rec("pipeline", "input pipeline", 1,
+            {"workers": 2, "batch_size": 64,
+             "samples_per_s": {"main process": 500.0, "workers": 900.0,
+                               "workers + pin_memory": None}}),
+    ]  # fmt: skip
+
+
+def test_summary_derives_bandwidths_efficiencies_and_targets():
+    s = report.summarize(_records())
+    a = s["allreduce"]
+    gloo = next(x for x in a["series"] if x["name"] == "horovod gloo np=2")
+    assert gloo["busbw_gbps"][1] == pytest.approx(64 * MIB / 0.1 / 1e9)
+    large = a["large_message"]
+    assert large["best"] == "horovod gloo np=2"  # the target is about Horovod's controllers
+    assert large["ratio"] == pytest.approx(0.32)  # 0.1 s against loopback's 0.032 s
+    cnn = s["training"]["cnn"]
+    assert cnn["efficiency"]["2"]["ddp"] == pytest.approx(0.8)  # 256 / 320 plain at np=1
+    assert cnn["efficiency"]["2"]["hvdkit"] == pytest.approx(216 / 320)  # median of rounds
+    assert cnn["hvdkit_vs_horovod"]["2"] == pytest.approx((1.2 + 0.96) / 2)  # per-round
+    assert cnn["hvdkit_vs_ddp"]["2"] == pytest.approx((288 / 256 + 144 / 256) / 2)
+    t_compute = 32 / 320
+    assert cnn["bound"]["2"] == pytest.approx(t_compute / (t_compute + 0.01))
+    t_same = 32 / 300  # plain at 2 ranks, in the same rounds as the others
+    assert cnn["bound_same_run"]["2"] == pytest.approx(t_same / (t_same + 0.01))
+    assert cnn["vs_plain"]["2"]["hvdkit"] == pytest.approx((0.96 + 0.48) / 2)
+    assert cnn["threads_effect"]["2"] == pytest.approx(0.55)  # paired rounds: 0.5 and 0.6
+    assert s["keras"]["torch"]["hvdkit_vs_by_hand"]["2"] == pytest.approx(0.95)
+    assert s["pipeline"]["speedup"] == {"main process": 1.0, "workers": 1.8,
+                                        "workers + pin_memory": None}  # fmt: skip
+    met = {t["name"]: t["met"] for t in s["targets"]}
+    assert met["hvdkit.torch / hand-written Horovod, cnn np=2"] is True
+    assert met["hvdkit.torch efficiency / DDP's, cnn np=2"] is False
+    assert met["hvdkit.keras / by hand, torch np=2"] is False
+    assert met["peak busbw / peak loopback TCP, messages >= 16 MiB (horovod gloo np=2)"] is False
+
+
+def test_document_round_trips_through_json_and_validates(tmp_path):
+    doc = report.document(BenchConfig(), {"cpus": 2}, _records(), complete=True)
+    again = json.loads(json.dumps(doc))
+    report.validate(again)
+    again["records"][0].pop("result")
+    with pytest.raises(ValueError, match="record 0 lacks result"):
+        report.validate(again)
+    with pytest.raises(ValueError, match="not an hvdkit bench document"):
+        report.validate({"schema": "other"})
+
+
+def test_table_and_plots(tmp_path):
+    s = report.summarize(_records())
+    text = report.table(s)
+    for needle in ("Allreduce bus bandwidth", "64 MiB", "Training cnn", "256.0 (0.80)",
+                   "np=2: hvdkit/horovod 1.080, hvdkit/ddp 0.844",
+                   "Keras fit(), backend torch", "workers + pin_memory    n/a (no GPU)",
+                   "MISS hvdkit.keras / by hand, torch np=2: 0.950"):  # fmt: skip
+        assert needle in text, needle
+    written = write_plots(s, tmp_path / "plots")
+    assert [p.name for p in written] == ["allreduce_busbw.png", "throughput_vs_ranks.png"]
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
