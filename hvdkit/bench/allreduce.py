@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", required=True, help="message sizes in bytes, comma-separated")
     parser.add_argument("--torch-dist", action="store_true", help="also time torch.distributed")
     parser.add_argument("--mpi4py", action="store_true",
-                        help="also time MPI's own Allreduce (under the MPI controller)")  # fmt: skip
+                        help="also time MPI's Allreduce (MPI controller)")  # fmt: skip
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
