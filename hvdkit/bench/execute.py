@@ -95,19 +95,21 @@ def run_jobs(
         from tqdm import tqdm
     except ImportError:  # no bar: one line per job instead
         tqdm = None
-    if tqdm is None or not progress:
+    bar = None
+    if progress and tqdm is not None:
+        bar = tqdm(total=len(jobs), unit="job", file=sys.stderr,
+                   bar_format="{l_bar}{bar:20}{r_bar}")  # fmt: skip
+    try:
         for i, job in enumerate(jobs, 1):
-            if progress:
+            if bar is not None:
+                bar.set_description(job.label)
+            elif progress:
                 print(f"hvdkit bench: [{i}/{len(jobs)}] {job.label}", file=sys.stderr, flush=True)
             argv, env = starter(job)
             for result in run_job(job, argv, env, timeout):
                 yield job, result
-        return
-    with tqdm(total=len(jobs), unit="job", file=sys.stderr,
-              bar_format="{l_bar}{bar:20}{r_bar}") as bar:  # fmt: skip
-        for job in jobs:
-            bar.set_description(job.label)
-            argv, env = starter(job)
-            for result in run_job(job, argv, env, timeout):
-                yield job, result
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,5 +1,5 @@
-"""What every benchmark worker shares: reading its options, a seeded world, and handing one
-JSON result from rank 0 back to ``hvdkit bench`` (which runs it under horovodrun)."""
+"""What the benchmark workers share: threads per rank, interleaved rounds, a clock, and handing
+JSON results from rank 0 back to ``hvdkit bench`` (which runs them under horovodrun)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,3 @@ def timed_rounds(variants: dict[str, Callable[[], float]], rounds: int) -> dict[
 
 def clock() -> float:
     return time.perf_counter()
-
-
-def fail(message: str) -> None:
-    print(f"hvdkit bench worker: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
