@@ -64,6 +64,10 @@ def test_plan_covers_every_section_and_world_size():
     torch_dist = [j.controller for j in jobs if "--torch-dist" in j.args]
     assert torch_dist == ["gloo"]  # torch.distributed once per world size
     assert [j.controller for j in jobs if "--mpi4py" in j.args] == ["mpi"]
+    # Training and Keras run where `hvdkit run` would run them, or on the first one asked for.
+    assert {j.controller for j in jobs if j.section in ("training", "keras")} == {"mpi"}
+    gloo = plan_jobs(BenchConfig(controllers=("gloo", "mpi")), available=("gloo", "mpi"))
+    assert {j.controller for j in gloo if j.section in ("training", "keras")} == {"gloo"}
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ def test_run_from_the_localhost_hostfile(controller):
         assert r[rank]["sum"] == 3.0 and r[rank]["size"] == 2
         assert r[rank]["local_rank"] == rank == r[rank]["env_rank"]
         assert r[rank]["forwarded"] == "42"
+        assert r[rank]["mpi_yield"] == ("1" if controller == "mpi" else None)
 
 
 def test_a_failing_rank_fails_the_job_and_is_named():

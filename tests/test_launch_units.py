@@ -135,6 +135,22 @@ def test_dry_run_shows_rank_map_and_environment():
     assert data["ranks"][1]["env"]["HOROVOD_HOSTNAME"] == "b" and data["np"] == 2
 
 
+def test_mpi_jobs_yield_when_idle_unless_the_user_says_otherwise():
+    def env(environ, extra=()):
+        config = LaunchConfig(command=("x",), env=extra, controller="mpi")
+        return build_plan(config, [Host("a", 2)], available=("gloo", "mpi"), environ=environ).env
+
+    assert env({}) == {"OMPI_MCA_mpi_yield_when_idle": "1"}
+    assert "OMPI_MCA_mpi_yield_when_idle=1" in describe(
+        build_plan(LaunchConfig(command=("x",)), [Host("a", 1)], available=("gloo", "mpi"),
+                   environ={})
+    )  # fmt: skip
+    assert env({"OMPI_MCA_mpi_yield_when_idle": "0"}) == {}  # the shell's value, forwarded
+    assert env({}, ("OMPI_MCA_mpi_yield_when_idle=0",)) == {"OMPI_MCA_mpi_yield_when_idle": "0"}
+    gloo = LaunchConfig(command=("x",), controller="gloo")
+    assert build_plan(gloo, [Host("a", 2)], available=("gloo", "mpi"), environ={}).env == {}
+
+
 GLOO_FAILURE = """[0]<stdout>:hello
 [1]<stderr>:Traceback (most recent call last):
 [1]<stderr>:ValueError: bad batch

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
+from hvdkit.launch.plan import default_controller
 
 SECTIONS = ("allreduce", "training", "keras", "pipeline")
 KERAS_BACKENDS = ("tensorflow", "torch")
@@ -18,7 +19,9 @@ class BenchConfig:
     nps: tuple[int, ...] = (1, 2)
     sections: tuple[str, ...] = SECTIONS
     quick: bool = False
-    controllers: tuple[str, ...] = ()  # for allreduce (none: all available); others: the first
+    # For allreduce (none: every one available); training and Keras run on the first, or
+    # without it on what `hvdkit run` would choose.
+    controllers: tuple[str, ...] = ()
     models: tuple[str, ...] = ("cnn", "resnet18")
     keras_backends: tuple[str, ...] = KERAS_BACKENDS
     threads: int = 1  # per rank, at every world size
@@ -85,7 +88,7 @@ def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
     quick = ("--quick",) if config.quick else ()
     threads = {"HVDKIT_BENCH_THREADS": str(config.threads)}
     controllers = config.controllers or available
-    main_controller = controllers[0]
+    main_controller = config.controllers[0] if config.controllers else default_controller(available)
     jobs: list[Job] = []
     if "pipeline" in config.sections:
         batches = 12 if config.quick else 40

@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="some of: allreduce,training,keras,pipeline")  # fmt: skip
     parser.add_argument("--controllers", type=_list, metavar="C,C",
                         help="for allreduce (default: every one available); the first also "
-                             "runs the training jobs")  # fmt: skip
+                             "runs the training and Keras jobs (default: hvdkit run's choice, "
+                             "MPI when available)")  # fmt: skip
     parser.add_argument("--models", type=_list, default=("cnn", "resnet18"), metavar="M,M",
                         help="PyTorch models (cnn, mlp, resnet18, resnet50)")  # fmt: skip
     parser.add_argument("--keras-backends", type=_list, default=("tensorflow", "torch"),

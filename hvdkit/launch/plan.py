@@ -16,6 +16,14 @@ from hvdkit.launch.hostfile import Host
 CONTROLLERS = ("gloo", "mpi")
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
+# Set for MPI jobs unless the user sets them. Horovod's background thread runs a coordination
+# collective every cycle (1 ms), and Open MPI busy-polls while it waits; on a CPU host whose
+# cores the ranks' compute already fills, that spinning thread takes its core from the compute
+# (measured on 2 cores, 2 ranks: plain compute at 0.69 of its one-rank speed, 1.05 with
+# yielding; `hvdkit bench`, README "Benchmarks"). Open MPI yields by itself only when it sees
+# more processes than slots, which an extra thread is not.
+MPI_DEFAULT_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
 
 class LaunchError(ValueError):
     """Options that cannot make a job; the message names the flag and the fix."""
@@ -138,6 +146,12 @@ def forwarded_env(names: tuple[str, ...], environ: dict[str, str]) -> dict[str, 
     return out
 
 
+def default_controller(available: tuple[str, ...]) -> str:
+    """What a job runs on when no controller is asked for: MPI when this Horovod can use it
+    (as horovodrun chooses), else Gloo."""
+    return "mpi" if "mpi" in available else "gloo"
+
+
 def build_plan(
     config: LaunchConfig,
     hosts: list[Host],
@@ -150,7 +164,7 @@ def build_plan(
     build can use (Gloo always, MPI when built and mpirun is installed)."""
     if not config.command:
         raise LaunchError("no command to run. Usage: hvdkit run [options] -- python train.py ...")
-    controller = config.controller or ("mpi" if "mpi" in available else "gloo")
+    controller = config.controller or default_controller(available)
     if controller not in available:
         raise LaunchError(
             f"--{controller}: this Horovod cannot use {controller.upper()} here "
@@ -192,7 +206,10 @@ def build_plan(
     if config.verbose:
         argv.append("--verbose")
     argv += list(config.command)
-    env = forwarded_env(config.env, dict(os.environ if environ is None else environ))
+    environ = dict(os.environ if environ is None else environ)
+    env = forwarded_env(config.env, environ)
+    if controller == "mpi":
+        env = {k: v for k, v in MPI_DEFAULT_ENV.items() if k not in environ} | env
     return LaunchPlan(argv, controller, ranks, env)
 
 

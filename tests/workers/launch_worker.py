@@ -38,6 +38,7 @@ print(
             "netns": os.readlink("/proc/self/ns/net"),
             "host": socket.gethostname(),
             "forwarded": os.environ.get("HVDKIT_TEST_VALUE"),
+            "mpi_yield": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
         }
     ),
     flush=True,
