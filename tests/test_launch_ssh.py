@@ -1,8 +1,9 @@
-"""hvdkit run and hvdkit doctor across two hosts over real ssh: two network namespaces on this
+"""hvdkit run, doctor and bench across two hosts over real ssh: two network namespaces on this
 machine, each with its own sshd (see tests/netns.py). Needs root; in CI it must run, not skip."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -55,6 +56,23 @@ def test_hvdkit_run_and_doctor_across_two_ssh_hosts(two_hosts, capsys):
         assert f"PASS  host name on {addr}" in doctor.stdout
     assert "PASS  allreduce across hosts" in doctor.stdout
 
+    # hvdkit bench's allreduce across the hosts, through the same launcher plan.
+    report = two_hosts.tmp / "bench.json"
+    bench = two_hosts.run_in_launcher(
+        [HVDKIT, "bench", "--only", "allreduce", "--np", "2", "--quick", "--controllers", "gloo",
+         "--hostfile", hostfile, "--network-interface", "hvd0", "--no-progress",
+         "--json", str(report)], timeout=600,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+    doc = json.loads(report.read_text())
+    assert doc["complete"] and doc["machine"]["rank_hosts"] == [
+        f"{addr}:1" for addr in two_hosts.hosts.values()
+    ]
+    across = next(r for r in doc["records"] if r["label"] == "allreduce np=2 gloo")["result"]
+    assert across["ranks"] == 2 and all(t > 0 for t in across["seconds"]["horovod"])
+    series = doc["summary"]["allreduce"]["series"]
+    busbw = next(x["busbw_gbps"] for x in series if x["name"] == "horovod gloo np=2")
+
     # Ctrl-C on the launcher stops the ranks on both hosts (sshd alone would not).
     sleeper = two_hosts.start_in_launcher(
         [HVDKIT, "run", "--hostfile", hostfile, "--gloo", "--", sys.executable,
@@ -77,5 +95,5 @@ def test_hvdkit_run_and_doctor_across_two_ssh_hosts(two_hosts, capsys):
         print(
             f"\n[two-host ssh test] ranks ran in {namespaces} via sshd at "
             f"{list(two_hosts.hosts.values())}; allreduce {r[0]['sum']}; doctor named {addr} "
-            "once its sshd was stopped"
+            f"once its sshd was stopped; bench busbw across them {max(busbw):.2f} GB/s peak"
         )

@@ -60,7 +60,8 @@ def _fail(message: str) -> int:
     return 2
 
 
-def machine() -> dict:
+def machine(hosts: list | None) -> dict:
+    """Where the run happened: this machine (the launcher) and the hosts the ranks ran on."""
     import platform
     import socket
     from importlib import metadata
@@ -73,7 +74,8 @@ def machine() -> dict:
             pass
     return {"host": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)),
             "platform": platform.platform(), "python": platform.python_version(),
-            "versions": versions}  # fmt: skip
+            "versions": versions,
+            "rank_hosts": [f"{h.name}:{h.slots}" for h in hosts] if hosts else ["localhost"]}  # fmt: skip
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -139,7 +141,7 @@ def bench_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("hvdkit bench: interrupted", file=sys.stderr)
         status = 130
-    doc = report.document(config, machine(), records, complete)
+    doc = report.document(config, machine(hosts), records, complete)
     print(report.table(doc["summary"]))
     if args.json:
         _write_json(Path(args.json), doc)
