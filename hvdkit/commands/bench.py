@@ -72,10 +72,10 @@ def machine(hosts: list | None) -> dict:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
+    rank_hosts = [f"{h.name}:{h.slots}" for h in hosts] if hosts else ["localhost"]
     return {"host": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)),
             "platform": platform.platform(), "python": platform.python_version(),
-            "versions": versions,
-            "rank_hosts": [f"{h.name}:{h.slots}" for h in hosts] if hosts else ["localhost"]}  # fmt: skip
+            "versions": versions, "rank_hosts": rank_hosts}  # fmt: skip
 
 
 def bench_command(args: argparse.Namespace) -> int:
