@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
     hvdops = backend.horovod()
 
     class HandWired(keras.Sequential):

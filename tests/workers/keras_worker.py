@@ -49,7 +49,19 @@ def fit(run_eagerly: bool) -> None:
         verbose=0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
     )
-    emit(weights=digest(model), backend=keras.config.backend())
+    emit(weights=digest(model), backend=keras.config.backend(), threads=cpu_threads())
+
+
+def cpu_threads() -> list[int]:
+    """The thread pools this process computes with on CPU."""
+    if keras.config.backend() == "torch":
+        import torch
+
+        return [torch.get_num_threads()]
+    import tensorflow as tf
+
+    return [tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads()]  # fmt: skip
 
 
 def one_step() -> None:
