@@ -4,6 +4,7 @@ and MPI), the JSON validates and the plots are written. No timing is asserted.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 from hvdkit.bench import report
+from hvdkit.bench.worker import parse_results
 
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
@@ -47,7 +49,8 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
     for backend in ("tensorflow", "torch"):
         assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
-    assert len(summary["targets"]) == 9  # 2 models x 3, 2 backends, 1 bandwidth
+    # 2 models x 3, 2 backends, 1 bandwidth; and the adapter against the plain loop on a GPU
+    assert len(summary["targets"]) == 9 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
                     "Input pipeline", "Targets"):  # fmt: skip
         assert heading in out.stdout
@@ -74,3 +77,28 @@ def test_bad_options_stop_before_anything_runs(args, message):
     out = bench(*args)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_the_gpu_checks_bf16_channels_last_path_runs_here():
+    """What the bench runs on a GPU (bf16 autocast, channels_last, hvdkit against the plain
+    loop, one rank), run on this CPU so the path is exercised without one."""
+    argv = [sys.executable, "-m", "hvdkit.bench.training", "--spec", "cnn:8:2:2", "--amp",
+            "--channels-last", "--variants", "plain,hvdkit"]  # fmt: skip
+
+    def run(args: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=240, cwd=ROOT,
+            env={**os.environ, "HVDKIT_BENCH_THREADS": "1"}, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    out = run(argv)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [result] = parse_results(out.stdout)
+    assert result["amp"] is True and result["channels_last"] is True
+    assert set(result["samples_per_s"]) == {"plain", "hvdkit"}
+    assert all(r > 0 for rates in result["samples_per_s"].values() for r in rates)
+    refused = run([*argv[:-1], "plain,hvdkit,horovod"])
+    assert refused.returncode == 2
+    assert "--channels-last: Horovod by hand refuses channels_last" in refused.stderr

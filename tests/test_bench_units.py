@@ -173,3 +173,28 @@ def test_table_and_plots(tmp_path):
     assert [p.name for p in written] == ["allreduce_busbw.png", "throughput_vs_ranks.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_gpu_check_is_planned_and_judged_against_the_plain_loop(tmp_path):
+    jobs = plan_jobs(BenchConfig(gpu=True, quick=True), available=("gloo", "mpi"))
+    gpu = next(j for j in jobs if j.label == "resnet50 bf16 channels_last np=1")
+    assert gpu.np == 1 and {"--amp", "--channels-last"} <= set(gpu.args)
+    assert gpu.args[gpu.args.index("--variants") + 1] == "plain,hvdkit"  # Horovod by hand
+    assert not any("resnet50" in j.label for j in plan_jobs(BenchConfig(), ("gloo",)))  # CPU
+
+    result = {"model": "resnet50", "ranks": 1, "batch_size": 256, "params": 25_557_032,
+              "threads": 1, "default_threads": 16, "grad_allreduce_s": 0.0, "device": "cuda",
+              "amp": True, "channels_last": True,
+              "samples_per_s": {"plain": [3980.0, 4000.0], "hvdkit": [3960.0, 3900.0]}}  # fmt: skip
+    s = report.summarize([*_records(), report.record(gpu, result)])
+    assert "resnet50 bf16 channels_last" in s["training"] and "cnn" in s["training"]
+    target = next(t for t in s["targets"] if "GPU" in t["name"])
+    assert (
+        target["name"] == "hvdkit.torch / plain loop on the GPU, resnet50 bf16 channels_last np=1"
+    )
+    assert target["value"] == pytest.approx((3960 / 3980 + 3900 / 4000) / 2)
+    assert target["met"] is False  # 0.985 < 0.99
+    text = report.table(s)
+    assert "Training resnet50 bf16 channels_last (25.56 M params, batch 256/rank, GPU)" in text
+    assert "np=1: hvdkit/plain in the same rounds 0.985" in text
+    assert len(write_plots(s, tmp_path)) == 2

@@ -26,6 +26,7 @@ class BenchConfig:
     keras_backends: tuple[str, ...] = KERAS_BACKENDS
     threads: int = 1  # per rank, at every world size
     pipeline_workers: int = 2
+    gpu: bool = False  # this machine has one: add the GPU adapter check
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ class Job:
     controller: str | None = None  # None: one plain process, no launcher
     env: dict[str, str] = field(default_factory=dict)
     key: dict[str, object] = field(default_factory=dict)  # what the result is filed under
+
+
+# On a GPU: ResNet-50, bf16 autocast + channels_last, one rank, hvdkit against the plain loop
+# (batch, steps per round, rounds; quick second). What a GPU user runs; an H100 does ~4,000
+# images/s, so a round is under a second.
+GPU_CHECK = ("resnet50", (256, 10, 10), (256, 5, 3))
 
 
 def allreduce_sizes(quick: bool) -> list[int]:
@@ -117,6 +124,14 @@ def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
             jobs.append(Job("training", f"{','.join(config.models)} np={np}",
                             "hvdkit.bench.training", args, np, main_controller,
                             dict(threads)))  # fmt: skip
+        if config.gpu:
+            model, full, quick_spec = GPU_CHECK
+            batch, steps, rounds = quick_spec if config.quick else full
+            jobs.append(Job("training", f"{model} bf16 channels_last np=1",
+                            "hvdkit.bench.training",
+                            ("--spec", f"{model}:{batch}:{steps}:{rounds}", "--amp",
+                             "--channels-last", "--variants", "plain,hvdkit"),
+                            1, main_controller, dict(threads)))  # fmt: skip
     for backend in config.keras_backends if "keras" in config.sections else ():
         batch, steps, rounds = (32, 6, 3) if config.quick else (64, 30, 6)
         args = ("--backend", backend, "--batch-size", str(batch), "--steps", str(steps),

@@ -18,6 +18,7 @@ TARGETS = {
     "torch_efficiency_vs_ddp": 1.0,
     "torch_efficiency_vs_bound": 0.9,
     "busbw_vs_loopback": 0.5,
+    "gpu_adapter_vs_plain": 0.99,
 }
 
 
@@ -85,12 +86,20 @@ def _per_round(res: dict, a: str, b: str) -> float | None:
     return metrics.median_ratio(rates[a], rates[b])
 
 
+def _model_name(res: dict) -> str:
+    """``resnet50``, or ``resnet50 bf16 channels_last`` when trained that way."""
+    tags = [t for t, on in (("bf16", res.get("amp")), ("channels_last", res.get("channels_last")))
+            if on]  # fmt: skip
+    return " ".join([res["model"], *tags])
+
+
 def _training(records: list[dict]) -> dict:
     out: dict = {}
     for r in records:
         res = r["result"]
-        model = out.setdefault(res["model"], {
+        model = out.setdefault(_model_name(res), {
             "batch_size": res["batch_size"], "params": res["params"], "threads": res["threads"],
+            "device": res.get("device", "cpu"),
             "samples_per_s": {}, "hvdkit_vs_horovod": {}, "hvdkit_vs_ddp": {},
             "threads_effect": {}, "vs_plain": {}, "grad_allreduce_s": {},
         })  # fmt: skip
@@ -179,6 +188,9 @@ def targets(summary: dict) -> list[dict]:
             add(f"hvdkit.torch efficiency / no-overlap bound, {model} np={n}",
                 "torch_efficiency_vs_bound",
                 m["vs_plain"][n]["hvdkit"] / m["bound_same_run"][n])  # fmt: skip
+        if m["device"] == "cuda" and "1" in m["vs_plain"]:
+            add(f"hvdkit.torch / plain loop on the GPU, {model} np=1", "gpu_adapter_vs_plain",
+                m["vs_plain"]["1"].get("hvdkit"))  # fmt: skip
     for backend, k in summary.get("keras", {}).items():
         for n, ratio in k["hvdkit_vs_by_hand"].items():
             if n != "1":
@@ -257,8 +269,9 @@ def table(summary: dict) -> str:
                      + ", ".join(f"{s['name']} {s['seconds'][0] * 1e3:.2f} ms"
                                  for s in a["series"]))  # fmt: skip
     for model, m in summary.get("training", {}).items():
+        where = "GPU" if m["device"] == "cuda" else f"{m['threads']} thread(s)/rank"
         lines += ["", f"Training {model} ({m['params'] / 1e6:.2f} M params, batch "
-                  f"{m['batch_size']}/rank, {m['threads']} thread(s)/rank): samples/s per rank "
+                  f"{m['batch_size']}/rank, {where}): samples/s per rank "
                   "(weak-scaling efficiency against plain at 1 rank)"]  # fmt: skip
         variants = list(dict.fromkeys(v for r in m["samples_per_s"].values() for v in r))
         lines.append(f"  {'ranks':>5}" + "".join(f"  {v:<22}" for v in variants))
@@ -267,6 +280,9 @@ def table(summary: dict) -> str:
             cells = [f"{_fmt(rates.get(v), '.1f')}" + (f" ({eff[v]:.2f})" if v in eff else "")
                      for v in variants]  # fmt: skip
             lines.append(f"  {n:>5}" + "".join(f"  {c:<22}" for c in cells))
+        if m["vs_plain"].get("1", {}).get("hvdkit") is not None:
+            lines.append(f"  np=1: hvdkit/plain in the same rounds "
+                         f"{_fmt(m['vs_plain']['1'].get('hvdkit'), '.3f')}")  # fmt: skip
         for n, same in m["bound_same_run"].items():
             lines.append(
                 f"  np={n}: hvdkit/horovod {_fmt(m['hvdkit_vs_horovod'][n], '.3f')}, "

@@ -60,6 +60,14 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def machine(hosts: list | None) -> dict:
     """Where the run happened: this machine (the launcher) and the hosts the ranks ran on."""
     import platform
@@ -109,13 +117,15 @@ def bench_command(args: argparse.Namespace) -> int:
         models=args.models,
         keras_backends=args.keras_backends,
         threads=args.threads or max(1, cpus // max(args.np or (1,))),
+        gpu=_has_gpu(),
     )
     try:
         jobs = plan_jobs(config, available)
     except ValueError as exc:
         return _fail(str(exc))
     print(f"hvdkit bench: {len(jobs)} jobs, world sizes {','.join(map(str, config.nps))}, "
-          f"{config.threads} thread(s) per rank{', quick' if config.quick else ''}",
+          f"{config.threads} thread(s) per rank{', GPU' if config.gpu else ''}"
+          f"{', quick' if config.quick else ''}",
           file=sys.stderr)  # fmt: skip
 
     extra = {}
