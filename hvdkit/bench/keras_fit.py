@@ -40,15 +40,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     hvd.init()
     threads = pinned_threads(hvd.local_size())
-    if keras.config.backend() == "torch":
-        import torch
-
-        torch.set_num_threads(threads)
-    else:  # before TensorFlow's first op, which fixes its thread pools
-        import tensorflow as tf
-
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    backend.set_cpu_threads(threads)  # the same at every world size
     hvdops = backend.horovod()
 
     class HandWired(keras.Sequential):
