@@ -46,10 +46,15 @@ class Topology:
     cross_rank: int
 
 
+def cores_per_process(processes: int) -> int:
+    """This host's cores shared out among ``processes`` (at least one each)."""
+    return max(1, len(os.sched_getaffinity(0)) // processes)
+
+
 def threads_per_rank(topology: Topology) -> int:
     """CPU threads for one process: its share of this host's cores, so the ranks on a host do
     not all fight for every core."""
-    return max(1, len(os.sched_getaffinity(0)) // topology.local_size)
+    return cores_per_process(topology.local_size)
 
 
 def require_gpu_per_rank(topology: Topology, visible_gpus: int) -> None:

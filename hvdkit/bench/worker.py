@@ -39,8 +39,10 @@ def pinned_threads(local_size: int) -> int:
     run (``HVDKIT_BENCH_THREADS``): the same per-rank resources at every world size is what
     makes weak scaling meaningful on a machine with few cores. Otherwise each rank's share of
     the cores, as hvdkit's adapters pin them."""
+    from hvdkit.core import cores_per_process
+
     fixed = os.environ.get("HVDKIT_BENCH_THREADS")
-    return int(fixed) if fixed else max(1, len(os.sched_getaffinity(0)) // local_size)
+    return int(fixed) if fixed else cores_per_process(local_size)
 
 
 def timed_rounds(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:

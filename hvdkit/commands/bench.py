@@ -90,6 +90,7 @@ def bench_command(args: argparse.Namespace) -> int:
     from hvdkit.bench import report
     from hvdkit.bench.execute import BenchError, command_for, run_jobs
     from hvdkit.bench.plan import SECTIONS, BenchConfig, plan_jobs
+    from hvdkit.core import cores_per_process
     from hvdkit.launch.hostfile import HostfileError, parse_hostfile
     from hvdkit.launch.runner import available_controllers
 
@@ -108,7 +109,6 @@ def bench_command(args: argparse.Namespace) -> int:
             hosts = parse_hostfile(args.hostfile)
         except HostfileError as exc:
             return _fail(str(exc))
-    cpus = len(os.sched_getaffinity(0))
     config = BenchConfig(
         nps=args.np,
         sections=args.only or SECTIONS,
@@ -116,7 +116,7 @@ def bench_command(args: argparse.Namespace) -> int:
         controllers=args.controllers or (),
         models=args.models,
         keras_backends=args.keras_backends,
-        threads=args.threads or max(1, cpus // max(args.np or (1,))),
+        threads=args.threads or cores_per_process(max(args.np or (1,))),
         gpu=_has_gpu(),
     )
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from hvdkit import rank_zero
-from hvdkit.core import SetupConfig
+from hvdkit.core import SetupConfig, cores_per_process
 from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import backward_and_step
 
@@ -100,7 +99,7 @@ class Session:
             num_workers = (
                 0
                 if self.device.type == "cpu"
-                else min(4, max(1, len(os.sched_getaffinity(0)) // self.topology.local_size))
+                else min(4, cores_per_process(self.topology.local_size))
             )
         options: dict[str, Any] = {"pin_memory": self.device.type == "cuda"}
         if num_workers > 0:
