@@ -5,10 +5,15 @@ BIN := $(VENV)/bin
 STACK := hvdkit/build/stack-cpu.txt
 STAMP := $(VENV)/.hvdkit-stack
 PYTEST_ARGS ?=
+# The flakiness sweep (tests/sweep.py): the multi-process tests, SWEEP_RUNS times, with
+# SWEEP_LOAD CPU-bound processes beside them.
+SWEEP_RUNS ?= 5
+SWEEP_LOAD ?= 2
+SWEEP_ARGS ?= -m multiprocess
 # What Horovod is built with; docker/Dockerfile.gpu passes its own (NCCL, CUDA arch).
 BUILD_FLAGS ?= --frameworks torch,tensorflow --controllers gloo,mpi
 
-.PHONY: setup run test test-fast doctor clean
+.PHONY: setup run test test-fast sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
@@ -33,6 +38,9 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+sweep: setup
+	$(BIN)/python tests/sweep.py --runs $(SWEEP_RUNS) --load $(SWEEP_LOAD) -- $(SWEEP_ARGS)
 
 doctor: setup
 	$(BIN)/hvdkit doctor

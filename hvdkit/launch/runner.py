@@ -13,10 +13,17 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
+from hvdkit.launch.horovodrun import END
 from hvdkit.launch.output import RankOutput, failure_message
 from hvdkit.launch.plan import LaunchPlan
 
 STOP_GRACE_S = 10.0
+ORPHAN_WAIT_S = 15.0
+
+
+def _marked(code: int) -> bool:
+    """Whether horovodrun ended by itself (so it wrote its end marker): not killed by a signal."""
+    return code >= 0
 
 
 def available_controllers(python: str = sys.executable) -> tuple[str, ...]:
@@ -49,16 +56,37 @@ def _from_files(output: RankOutput, output_dir: str, rank: int) -> None:
             return
 
 
-def _pump(stream: TextIO, sink: TextIO, output: RankOutput, held: list[str]) -> None:
-    for line in stream:
-        output.feed(line)
-        # horovodrun ends a failed job with its own Python traceback; it is held back and
-        # shown only if hvdkit cannot say more plainly which rank failed.
-        if held or (line.startswith("Traceback (most recent call last)") and sink is sys.stderr):
-            held.append(line)
-            continue
-        sink.write(line)
-        sink.flush()
+def _pump(
+    stream: TextIO, sink: TextIO, output: RankOutput, held: list[str], done: threading.Event
+) -> None:
+    """Pass ``stream`` on to ``sink`` line by line, recording it in ``output``; ``done`` is set
+    once horovodrun's end marker (or the end of the stream) has been read, i.e. once
+    ``output`` holds everything horovodrun wrote to it."""
+    try:
+        for line in stream:
+            if END in line:
+                line = line.split(END, 1)[0]
+                done.set()
+                if not line:
+                    continue
+            output.feed(line)
+            # horovodrun ends a failed job with its own Python traceback; it is held back and
+            # shown only if hvdkit cannot say more plainly which rank failed.
+            if held or (
+                line.startswith("Traceback (most recent call last)") and sink is sys.stderr
+            ):
+                held.append(line)
+                continue
+            sink.write(line)
+            sink.flush()
+    finally:
+        done.set()
+
+
+def launcher_argv(plan: LaunchPlan) -> list[str]:
+    """What runs ``plan.argv``: horovodrun through :mod:`hvdkit.launch.horovodrun` in the same
+    Python, which marks where its output ends."""
+    return [sys.executable, "-m", "hvdkit.launch.horovodrun", *plan.argv[1:]]
 
 
 def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
@@ -69,7 +97,7 @@ def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
     # Own session: a Ctrl-C reaches hvdkit only, which stops horovodrun in order (the ranks
     # are stopped by horovodrun and, on other hosts, by their guard).
     proc = subprocess.Popen(
-        plan.argv,
+        launcher_argv(plan),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -80,9 +108,14 @@ def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
         start_new_session=True,
     )
     held: list[str] = []
+    done = [threading.Event(), threading.Event()]
     pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, output, []), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, output, held), daemon=True),
+        threading.Thread(
+            target=_pump, args=(proc.stdout, sys.stdout, output, [], done[0]), daemon=True
+        ),
+        threading.Thread(
+            target=_pump, args=(proc.stderr, sys.stderr, output, held, done[1]), daemon=True
+        ),
     ]
     for pump in pumps:
         pump.start()
@@ -93,10 +126,16 @@ def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
         interrupted = True
         print("\nhvdkit run: interrupted, stopping every rank ...", file=sys.stderr, flush=True)
         code = stop(proc)
-    for pump in pumps:
-        pump.join(timeout=5)
     if interrupted:
+        for pump in pumps:
+            pump.join(timeout=5)
         return 130
+    # The failing rank is named from horovodrun's complete output: wait until both pumps have
+    # read its end marker. Only a horovodrun killed before writing it (no marker) ends the wait
+    # on EOF, which processes it left behind can delay, hence the bound in that case alone.
+    for event in done:
+        if not event.wait(timeout=None if _marked(code) else ORPHAN_WAIT_S):
+            break
     if code != 0:
         host_of = {slot.rank: slot.host for slot in plan.ranks}
         if output_dir:

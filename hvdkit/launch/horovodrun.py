@@ -1,0 +1,64 @@
+"""``python -m hvdkit.launch.horovodrun ARGS``: horovodrun, run in-process, that marks the end of
+its output.
+
+``hvdkit run`` reads horovodrun's stdout and stderr through two pipes and names the failing rank
+from what horovodrun said. Waiting for the pipes' end-of-file to know that everything has been
+read is not enough: processes horovodrun started can outlive it and keep the pipes open, and
+waiting a fixed time instead is a race (a reader that is behind under load misses the last
+lines, where horovodrun names the rank). So this wrapper writes :data:`END` as the last line of
+each stream once horovodrun is done, and the reader knows its output is complete when it has
+read that line, however long that takes.
+
+Under MPI horovodrun ends by replacing itself with ``mpirun`` (``os.execve``), after which
+nothing could write the marker; here ``mpirun`` runs as a child instead, with the same
+arguments, environment and process group (so a Ctrl-C sent to the group reaches it as before).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+
+END = "\x1ehvdkit: horovodrun is done\x1e"
+"""The last line of each stream (record separators: no program prints this by chance)."""
+
+
+def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str]) -> None:
+    """``os.execve``'s replacement: run the program as a child and exit with its status."""
+    child = subprocess.Popen(list(args), executable=path, env=dict(env))
+    while True:
+        try:
+            code = child.wait()
+            break
+        except KeyboardInterrupt:  # the group's Ctrl-C reached mpirun too: it stops its ranks
+            continue
+    raise SystemExit(code if code >= 0 else 128 - code)
+
+
+def main() -> int:
+    sys.argv[0] = "horovodrun"
+    os.execve = _run_instead_of_exec
+    code = 0
+    try:
+        from horovod.runner.launch import run_commandline
+
+        result = run_commandline()
+        code = result if isinstance(result, int) else 0
+    except SystemExit as exc:  # argparse errors, --help, --check-build
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - horovodrun's own way to fail: a traceback, status 1
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.write(f"{END}\n")
+        stream.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
