@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import keras
+import numpy as np
 
 from hvdkit.core import Topology, require_gpu_per_rank, threads_per_rank
 
@@ -55,28 +56,70 @@ def require_keras3(optimizer: Any) -> None:
 
 
 def reduce_op(name: str) -> Any:
-    ops = {"average": horovod().Average, "sum": horovod().Sum}
+    ops = {"average": horovod().Average, "sum": horovod().Sum, "adasum": horovod().Adasum}
     if name not in ops:
         raise ValueError(f"op={name!r}: use one of {', '.join(ops)}")
     return ops[name]
 
 
+def _is_sparse(tensor: Any) -> bool:
+    return type(tensor).__name__ == "IndexedSlices"  # TensorFlow's sparse gradient
+
+
 def allreduce_list(
-    tensors: list[Any], op: str = "average", name: str = "hvdkit.grads", fp16: bool = False
+    tensors: list[Any],
+    op: str = "average",
+    name: str = "hvdkit.grads",
+    fp16: bool = False,
+    *,
+    predivide: float = 1.0,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
 ) -> list[Any]:
-    """One grouped (fused) allreduce of the tensors; None entries are passed through."""
+    """Reduce gradients over the ranks: the dense ones in one grouped (fused) allreduce, each
+    sparse one (TensorFlow ``IndexedSlices``, e.g. an ``Embedding``'s) on its own, as Horovod
+    does (an allgather of values and indices); ``sparse_as_dense`` makes them dense first.
+    ``predivide`` splits an average into a division before the sum and the rest after (Horovod's
+    ``gradient_predivide_factor``). None entries are passed through."""
     hvd = horovod()
-    present = [i for i, t in enumerate(tensors) if t is not None]
-    if not present:
-        return list(tensors)
-    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-    reduced = hvd.grouped_allreduce(
-        [tensors[i] for i in present], op=reduce_op(op), name=name, compression=compression
-    )
+    kwargs: dict[str, Any] = {} if process_set is None else {"process_set": process_set}
     out = list(tensors)
-    for i, tensor in zip(present, reduced, strict=True):
-        out[i] = tensor
+    if sparse_as_dense:
+        import tensorflow as tf
+
+        out = [tf.convert_to_tensor(t) if _is_sparse(t) else t for t in out]
+    dense = [i for i, t in enumerate(out) if t is not None and not _is_sparse(t)]
+    sparse = [i for i, t in enumerate(out) if _is_sparse(t)]
+    reduction = reduce_op(op)
+    scale = {}
+    if predivide != 1.0:
+        if op != "average":
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        scale = {"prescale_factor": 1.0 / predivide, "postscale_factor": predivide}
+    if dense:
+        compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+        reduced = hvd.grouped_allreduce(
+            [out[i] for i in dense], op=reduction, name=name, compression=compression,
+            **scale, **kwargs,
+        )  # fmt: skip
+        for i, tensor in zip(dense, reduced, strict=True):
+            out[i] = tensor
+    for i in sparse:
+        if op == "adasum" or scale:
+            raise ValueError(
+                "a sparse gradient (tf.IndexedSlices, e.g. from an Embedding) cannot be reduced "
+                "with Adasum or gradient_predivide_factor. Fix: DistributedOptimizer(..., "
+                "sparse_as_dense=True)"
+            )
+        out[i] = hvd.allreduce(out[i], op=reduction, name=f"{name}.sparse.{i}", **kwargs)
     return out
+
+
+def allgather_numpy(array: np.ndarray, name: str) -> np.ndarray:
+    """Every rank's ``array`` stacked along a new first axis (same shape on every rank)."""
+    hvd = horovod()
+    local = keras.ops.convert_to_tensor(np.asarray(array)[None])
+    return np.asarray(keras.ops.convert_to_numpy(hvd.allgather(local, name=name)))
 
 
 def broadcast_variables(variables: list[keras.Variable], root_rank: int = 0) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import keras
 
-from hvdkit import rank_zero
+from hvdkit import rank_zero, sync
 from hvdkit.checkpoint import atomic_path
 from hvdkit.core import SetupConfig
 from hvdkit.keras import backend
@@ -17,6 +17,7 @@ from hvdkit.keras.metrics import install_metric_averaging
 
 __all__ = [
     "BackupAndRestore",
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",
@@ -27,26 +28,95 @@ __all__ = [
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the model's variables (and the optimizer's, once built) from ``root_rank``
-    when training starts, so every rank begins from the same weights."""
+    """Broadcast the model's and the optimizer's variables from ``root_rank``, so every rank
+    trains from the same weights (Horovod's signature).
 
-    def __init__(self, root_rank: int = 0) -> None:
+    As Horovod's, it broadcasts at the end of the first batch, which covers variables that only
+    come into existence then: a ``Sequential`` without an ``Input`` is built at its first batch,
+    and optimizer slots at the first update. Unlike Horovod's, it also broadcasts when training
+    begins if the model is built by then (so the first step starts in sync too), turns XLA off
+    (Horovod's ops have none) and runs hvdkit's sync guard (:mod:`hvdkit.sync`): after the
+    second batch and at each epoch end, ranks whose weights differ stop with an error naming the
+    variable (``check_sync=False`` or ``HVDKIT_SYNC_CHECK=0`` turns it off). ``local_variables``
+    (and :meth:`register_local_var`) are neither broadcast nor checked. ``device`` is accepted
+    for compatibility; Horovod's ops run where the variable lives.
+    """
+
+    def __init__(
+        self,
+        root_rank: int = 0,
+        device: str = "",
+        local_variables: list | None = None,
+        *,
+        check_sync: bool = True,
+    ) -> None:
         super().__init__()
-        self.root_rank = root_rank
+        self.root_rank, self.device = root_rank, device
+        self.check_sync = check_sync
+        self._local_ids = {id(v) for v in local_variables or []}
+        self._batches = 0
 
-    def on_train_begin(self, logs: dict | None = None) -> None:
+    def register_local_var(self, var: keras.Variable) -> None:
+        """Leave ``var`` out of the broadcast and the sync check (it differs per rank)."""
+        self._local_ids.add(id(var))
+
+    def _variables(self) -> list[keras.Variable]:
         variables = list(self.model.variables)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
-        backend.broadcast_variables(variables, self.root_rank)
+        local = self._local_ids | getattr(optimizer, "_hvdkit_local_vars", set())
+        return [v for v in variables if id(v) not in local]
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._batches = 0
+        allow_no_xla(self.model)
+        if self.model.built and self.model.variables:
+            backend.broadcast_variables(self._variables(), self.root_rank)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._batches += 1
+        if self._batches == 1:
+            backend.broadcast_variables(self._variables(), self.root_rank)
+        elif self._batches == 2:
+            self._check("after the second batch")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._check(f"at the end of epoch {epoch + 1}")
+
+    def _check(self, where: str) -> None:
+        if self.check_sync and sync.enabled():
+            check_sync(self._variables(), where)
+
+
+def check_sync(variables: list[keras.Variable], where: str = "") -> None:
+    """Collective: raise :class:`hvdkit.sync.DivergenceError` on every rank if the ranks hold
+    different values for any of ``variables`` (e.g. ``model.variables``). One small allgather.
+    """
+    arrays = [keras.ops.convert_to_numpy(v.value) for v in variables]
+    gathered = backend.allgather_numpy(sync.fingerprint(arrays), name="hvdkit.sync")
+    sync.check([v.path for v in variables], gathered, where or "")
+
+
+def allow_no_xla(model: keras.Model) -> None:
+    """TensorFlow backend: if ``model`` would compile its step with XLA, rebuild the step
+    without it (Horovod's ops have no XLA kernels)."""
+    if keras.config.backend() != "tensorflow" or not getattr(model, "compiled", False):
+        return
+    if model.jit_compile:
+        model.jit_compile = False
+        model.make_train_function(force=True)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Average epoch metrics (train and validation) over all ranks, weighted by each rank's
     sample count. Unlike Horovod's, it need not come first in the list: it hooks the model
     when training begins, so every callback (ReduceLROnPlateau, EarlyStopping, TensorBoard,
-    checkpoints) sees the global values."""
+    checkpoints) sees the global values. ``device`` is accepted for compatibility."""
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+        self.device = device
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         install_metric_averaging(self.model)
@@ -81,6 +151,38 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
                 self.model.save(tmp, overwrite=True)
         if self.verbose > 0:
             rank_zero.print0(f"\nEpoch {epoch + 1}: saved model to {filepath}")
+
+
+class BestModelCheckpoint(ModelCheckpoint):
+    """Horovod's ``BestModelCheckpoint``: keep the model with the best ``monitor`` value, saved
+    by rank 0 only, atomically. Horovod leaves ``filepath`` to its Spark estimator; here it is a
+    keyword argument (or set the ``filepath`` attribute before ``fit``)."""
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        *,
+        filepath: str | Path | None = None,
+    ) -> None:
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(
+            filepath=str(filepath) if filepath is not None else placeholder,
+            monitor=monitor, verbose=verbose, save_best_only=True,
+            save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
+        )  # fmt: skip
+        self._filepath_given = filepath is not None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not self._filepath_given and self.filepath in ("best.keras", "best.weights.h5"):
+            raise ValueError(
+                "BestModelCheckpoint has no filepath: pass BestModelCheckpoint(filepath=...) "
+                "(Horovod's Spark estimator set it; plain fit() must)"
+            )
+        super().on_train_begin(logs)
 
 
 class BackupAndRestore(keras.callbacks.Callback):

@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 
+from hvdkit import rank_zero
 from hvdkit.keras import backend
 
 Schedule = keras.optimizers.schedules.LearningRateSchedule
@@ -36,15 +37,19 @@ def find_schedule(lr: Any, kind: type) -> Any:
 @keras.saving.register_keras_serializable(package="hvdkit")
 class WarmupSchedule(Schedule):
     """``inner(step) * scale * ramp(step)``: the ramp goes linearly from ``start`` to 1 over
-    ``warmup_steps`` optimizer steps. ``inner`` is a schedule or a float."""
+    ``warmup_steps`` optimizer steps, reaching ``start + (1 - start) * offset / warmup_steps``
+    at step 0 (``offset=1`` is Horovod's warmup: full LR on the last warmup step). ``inner`` is
+    a schedule or a float."""
 
-    def __init__(self, inner: Any, warmup_steps: int, start: float, scale: float = 1.0) -> None:
+    def __init__(
+        self, inner: Any, warmup_steps: int, start: float, scale: float = 1.0, offset: int = 0
+    ) -> None:
         self.inner, self.warmup_steps = inner, warmup_steps
-        self.start, self.scale = start, scale
+        self.start, self.scale, self.offset = start, scale, offset
 
     def __call__(self, step: Any) -> Any:
         progress = keras.ops.minimum(
-            keras.ops.cast(step, "float32") / max(1, self.warmup_steps), 1.0
+            (keras.ops.cast(step, "float32") + self.offset) / max(1, self.warmup_steps), 1.0
         )
         ramp = self.start + (1.0 - self.start) * progress
         return _value(self.inner, step) * (self.scale * ramp)
@@ -66,6 +71,7 @@ class WarmupSchedule(Schedule):
             "warmup_steps": self.warmup_steps,
             "start": self.start,
             "scale": self.scale,
+            "offset": self.offset,
         }
 
 
@@ -108,14 +114,20 @@ def _current_lr(optimizer: keras.optimizers.Optimizer) -> float:
 
 
 class LearningRateWarmupCallback(keras.callbacks.Callback):
-    """Ramp the LR from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
+    """Horovod's warmup: ramp the LR linearly from ``initial_lr / size`` to ``initial_lr`` over
+    the first ``warmup_epochs``, batch by batch, reaching ``initial_lr`` on the last warmup
+    batch (Goyal et al. 2017).
 
-    ``initial_lr`` is the scaled LR the optimizer was built with (Horovod's convention); None
-    means the optimizer's LR when training starts. With a ``LearningRateSchedule`` the
-    schedule's own values are ramped. ``steps_per_epoch`` defaults to what ``fit`` knows;
-    ``warmup_steps`` replaces ``warmup_epochs``; ``start`` (default ``1 / size``) is the share
-    of the LR at step 0. ``momentum_correction`` is accepted for Horovod compatibility (see
-    :class:`LearningRateScheduleCallback`).
+    As Horovod's, the ramp is keyed on the epoch and batch of ``fit`` (not on optimizer
+    updates, so ``backward_passes_per_step`` does not slow it). ``initial_lr`` is the scaled LR
+    the optimizer was built with; None (an hvdkit extra) means the optimizer's LR when training
+    starts. With a ``LearningRateSchedule`` the schedule's own values are ramped, inside the
+    compiled step. ``steps_per_epoch`` defaults to what ``fit`` knows. hvdkit extras:
+    ``warmup_steps`` replaces ``warmup_epochs``; ``start`` (default ``1 / size``) is the share of
+    the LR the ramp starts from; ``offset=0`` ramps from ``start`` itself at the first batch
+    (the full LR one batch after the warmup; :func:`hvdkit.keras.setup` uses it so the ramp
+    matches hvdkit.torch's). ``momentum_correction`` is accepted; Keras 3 compiles the
+    momentum into the step, so it is not adjusted (see :class:`LearningRateScheduleCallback`).
     """
 
     def __init__(
@@ -128,19 +140,23 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         *,
         warmup_steps: int | None = None,
         start: float | None = None,
+        offset: int = 1,
     ) -> None:
         super().__init__()
+        self.offset = offset
         self.initial_lr, self.warmup_epochs = initial_lr, warmup_epochs
+        self.momentum_correction = momentum_correction
         self.steps_per_epoch, self.verbose = steps_per_epoch, verbose
         self.warmup_steps = warmup_steps or 0
         self._fixed_steps = warmup_steps is not None
         self.start = start
         self._schedule = False
+        self._epoch = 0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self.steps_per_epoch = _steps_per_epoch(self, self.steps_per_epoch)
         if not self._fixed_steps:
-            steps = _steps_per_epoch(self, self.steps_per_epoch)
-            self.warmup_steps = max(1, round(self.warmup_epochs * steps))
+            self.warmup_steps = max(1, round(self.warmup_epochs * self.steps_per_epoch))
         if self.start is None:
             self.start = 1.0 / backend.horovod().size()
         optimizer = self.model.optimizer
@@ -148,30 +164,38 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self._schedule = isinstance(lr, Schedule)
         if self._schedule:
             if find_schedule(lr, WarmupSchedule) is None:
-                optimizer.learning_rate = WarmupSchedule(lr, self.warmup_steps, self.start)
+                optimizer.learning_rate = WarmupSchedule(
+                    lr, self.warmup_steps, self.start, offset=self.offset
+                )
         elif self.initial_lr is None:
             self.initial_lr = _current_lr(optimizer)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._schedule:
             return
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        if step <= self.warmup_steps:
-            progress = step / max(1, self.warmup_steps)
-            ramp = self.start + (1.0 - self.start) * progress
-            self.model.optimizer.learning_rate = self.initial_lr * ramp
-            if self.verbose and step == self.warmup_steps:
-                from hvdkit.rank_zero import print0
-
-                print0(f"LearningRateWarmupCallback: warmup done, LR {self.initial_lr:g}")
+        step = self._epoch * self.steps_per_epoch + batch
+        if step < self.warmup_steps:
+            progress = (step + self.offset) / self.warmup_steps
+            self.model.optimizer.learning_rate = self.initial_lr * (
+                self.start + (1.0 - self.start) * progress
+            )
+            if self.verbose and step + 1 == self.warmup_steps:
+                rank_zero.print0(
+                    f"\nEpoch {self._epoch + 1}: finished gradual learning rate warmup to "
+                    f"{self.initial_lr:g}."
+                )
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Set the LR to ``initial_lr * multiplier(epoch)`` for ``start_epoch <= epoch < end_epoch``
     (Horovod's callback; several of them make a piecewise schedule).
 
-    ``multiplier`` is a number or a function of the epoch; with ``staircase=False`` it is
-    called every batch with a fractional epoch. ``initial_lr`` None means the optimizer's LR
+    ``multiplier`` is a function of the epoch, or a number ``m`` meaning ``m ** (epoch -
+    start_epoch)`` (Horovod's exponential decay); with ``staircase=False`` it is called every
+    batch with a fractional epoch. ``initial_lr`` None means the optimizer's LR
     when training starts. With a ``LearningRateSchedule`` the schedule's values are multiplied
     instead. ``momentum_correction`` is accepted for compatibility only: Keras 3 compiles the
     momentum into the step, so it cannot be adjusted for the one step after a change.
@@ -192,7 +216,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if callable(multiplier):
             self.multiplier = multiplier
         else:
-            self.multiplier, staircase = (lambda epoch: multiplier), True
+            # Horovod: a constant multiplier is an exponential decay from start_epoch.
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
         self.start_epoch, self.end_epoch = start_epoch, end_epoch
         self.staircase, self.momentum_correction = staircase, momentum_correction
         self.steps_per_epoch = steps_per_epoch

@@ -59,6 +59,7 @@ def setup(
                 adapter.warmup_lr,
                 warmup_steps=adapter.warmup.steps,
                 start=1 / adapter.warmup.factor,
+                offset=0,
             )
         )
     if config.checkpoint is not None:
