@@ -47,3 +47,37 @@ def test_xla_is_refused_and_auto_turned_off(monkeypatch):
         model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     model.compile(optimizer="sgd", loss="mse")
     assert model.jit_compile is False
+
+
+def test_from_config_keeps_the_distributed_wrapper():
+    import hvdkit.keras as hvd
+    from hvdkit.keras.optimizer import WRAPPED
+
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), op=hvd.Sum, sparse_as_dense=True)
+    assert type(opt).__name__ == "Adam" and isinstance(opt, keras.optimizers.Adam)
+    for rebuilt in (opt.from_config(opt.get_config()), type(opt).from_config(opt.get_config())):
+        assert getattr(rebuilt, WRAPPED, False)
+        assert rebuilt._hvdkit_options == opt._hvdkit_options
+        assert rebuilt.get_config() == opt.get_config()
+    # A saved config names the plain class: the model loads without hvdkit.
+    saved = keras.saving.serialize_keras_object(opt)
+    assert saved["class_name"] == "Adam"
+    plain = keras.saving.deserialize_keras_object(saved)
+    assert not getattr(plain, WRAPPED, False)
+    assert hvd.DistributedOptimizer(opt) is opt  # wrapping twice is a no-op
+
+
+def test_distributed_optimizer_takes_horovods_signature():
+    import inspect
+
+    import hvdkit.keras as hvd
+
+    params = list(inspect.signature(hvd.DistributedOptimizer).parameters)
+    assert params == [
+        "optimizer", "name", "device_dense", "device_sparse", "compression", "sparse_as_dense",
+        "gradient_predivide_factor", "op", "backward_passes_per_step",
+        "average_aggregated_gradients", "num_groups", "groups", "process_set",
+        "scale_local_gradients",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="only supported with op=Average"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Sum, gradient_predivide_factor=2)
