@@ -36,8 +36,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     and optimizer slots at the first update. Unlike Horovod's, it also broadcasts when training
     begins if the model is built by then (so the first step starts in sync too), turns XLA off
     (Horovod's ops have none) and runs hvdkit's sync guard (:mod:`hvdkit.sync`): after the
-    second batch and at each epoch end, ranks whose weights differ stop with an error naming the
-    variable (``check_sync=False`` or ``HVDKIT_SYNC_CHECK=0`` turns it off). ``local_variables``
+    second batch and at each epoch end, ranks whose trainable or optimizer variables differ stop
+    with an error naming the variable (``check_sync=False`` or ``HVDKIT_SYNC_CHECK=0`` turns it off). ``local_variables``
     (and :meth:`register_local_var`) are neither broadcast nor checked. ``device`` is accepted
     for compatibility; Horovod's ops run where the variable lives.
     """
@@ -70,7 +70,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._batches = 0
-        allow_no_xla(self.model)
+        turn_off_xla(self.model)
         if self.model.built and self.model.variables:
             backend.broadcast_variables(self._variables(), self.root_rank)
 
@@ -85,8 +85,15 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._check(f"at the end of epoch {epoch + 1}")
 
     def _check(self, where: str) -> None:
-        if self.check_sync and sync.enabled():
-            check_sync(self._variables(), where)
+        if not (self.check_sync and sync.enabled()):
+            return
+        # Trainable and optimizer variables only: non-trainable ones (BatchNormalization's
+        # moving statistics, dropout seeds) follow each rank's own data, as in Horovod.
+        trainable = {id(v) for v in self.model.trainable_variables}
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and optimizer.built:
+            trainable |= {id(v) for v in optimizer.variables}
+        check_sync([v for v in self._variables() if id(v) in trainable], where)
 
 
 def check_sync(variables: list[keras.Variable], where: str = "") -> None:
@@ -98,7 +105,7 @@ def check_sync(variables: list[keras.Variable], where: str = "") -> None:
     sync.check([v.path for v in variables], gathered, where or "")
 
 
-def allow_no_xla(model: keras.Model) -> None:
+def turn_off_xla(model: keras.Model) -> None:
     """TensorFlow backend: if ``model`` would compile its step with XLA, rebuild the step
     without it (Horovod's ops have no XLA kernels)."""
     if keras.config.backend() != "tensorflow" or not getattr(model, "compiled", False):

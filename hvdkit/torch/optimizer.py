@@ -38,6 +38,21 @@ class _ContiguousCompression:
         return self.inner.decompress(tensor, ctx)
 
 
+def _require_materialized(optimizer: torch.optim.Optimizer) -> None:
+    """Lazy modules (``torch.nn.LazyLinear``, ...) have no parameters until their first forward
+    pass; Horovod fails on them deep inside (``Attempted to use an uninitialized parameter``)."""
+    from torch.nn.parameter import is_lazy
+
+    if any(is_lazy(p) for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError(
+            "the optimizer holds uninitialized parameters of a lazy module (e.g. "
+            "torch.nn.LazyLinear): their shapes are only known after a forward pass, so they "
+            "cannot be broadcast or reduced yet. Fix: run one forward pass with a batch of the "
+            "real input shape before wrapping the optimizer / hvdkit.torch.setup (as "
+            "DistributedDataParallel requires too), then build the optimizer."
+        )
+
+
 def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     optimizer: torch.optim.Optimizer,
     named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
@@ -57,6 +72,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         optimizer = hvdkit.torch.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters())
     """
+    _require_materialized(optimizer)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=named_parameters,

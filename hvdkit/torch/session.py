@@ -10,7 +10,7 @@ import horovod.torch as hvd
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from hvdkit import rank_zero
+from hvdkit import rank_zero, sync
 from hvdkit.core import SetupConfig, cores_per_process
 from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import backward_and_step
@@ -40,6 +40,7 @@ class Session:
         assert adapter.topology is not None
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
+        self._steps = 0
 
     model = property(lambda self: self._adapter.model)
     optimizer = property(lambda self: self._adapter.optimizer)
@@ -60,7 +61,20 @@ class Session:
         for epoch in range(start, total):
             self._adapter.epoch = epoch
             yield epoch
+            self.check_sync(f"at the end of epoch {epoch + 1}")
         self._adapter.epoch = total
+
+    def check_sync(self, where: str = "") -> None:
+        """The sync guard (collective, :mod:`hvdkit.sync`): raise ``DivergenceError`` on every
+        rank if the model's parameters differ between ranks. Run after the first step and at
+        each epoch end of :meth:`epochs`; ``HVDKIT_SYNC_CHECK=0`` turns it off. Buffers
+        (BatchNorm's running statistics) follow each rank's data and are not compared."""
+        if not sync.enabled():
+            return
+        named = list(self.model.named_parameters())
+        local = sync.fingerprint([p.detach().cpu().double().numpy() for _, p in named])
+        gathered = hvd.allgather(torch.from_numpy(local)[None], name="hvdkit.sync").numpy()
+        sync.check([name for name, _ in named], gathered, where)
 
     def shard(
         self,
@@ -117,7 +131,11 @@ class Session:
 
     def backward_and_step(self, loss: torch.Tensor, **kwargs: Any) -> torch.Tensor | None:
         """See :func:`hvdkit.torch.backward_and_step` (AMP scaler and clipping options)."""
-        return backward_and_step(loss, self.optimizer, parameters=self.model.parameters(), **kwargs)
+        norm = backward_and_step(loss, self.optimizer, parameters=self.model.parameters(), **kwargs)
+        self._steps += 1
+        if self._steps == 1:
+            self.check_sync("after the first step")
+        return norm
 
     def average(self, total: float, count: int | float, name: str = "metric") -> float:
         """The global mean of a metric from each rank's sum and sample count, so ranks with
