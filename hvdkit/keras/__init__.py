@@ -82,11 +82,18 @@ def load_model(
     custom_optimizers: list[type] | None = None,
     custom_objects: dict[str, Any] | None = None,
     compression: Any = None,
+    legacy_opts: bool = False,
     **kwargs: Any,
 ) -> keras.Model:
     """``keras.saving.load_model`` with the saved optimizer wrapped in
     :func:`DistributedOptimizer`, ready to go on training on every rank (Horovod's
     signature: ``custom_optimizers`` are optimizer classes the file may name)."""
+    if legacy_opts:
+        raise ValueError(
+            "load_model(legacy_opts=True) loads Keras 2 (tf_keras) legacy optimizers, which "
+            "hvdkit.keras does not serve. Fix: re-save the model with Keras 3 and load it with "
+            "legacy_opts=False"
+        )
     objects = {cls.__name__: cls for cls in custom_optimizers or []}
     objects.update(custom_objects or {})
     model = keras.saving.load_model(filepath, custom_objects=objects or None, **kwargs)
