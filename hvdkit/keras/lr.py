@@ -177,12 +177,12 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         if self._schedule:
             return
         step = self._epoch * self.steps_per_epoch + batch
-        if step < self.warmup_steps:
+        if step + self.offset <= self.warmup_steps:  # the last one sets the full LR
             progress = (step + self.offset) / self.warmup_steps
             self.model.optimizer.learning_rate = self.initial_lr * (
                 self.start + (1.0 - self.start) * progress
             )
-            if self.verbose and step + 1 == self.warmup_steps:
+            if self.verbose and step + self.offset == self.warmup_steps:
                 rank_zero.print0(
                     f"\nEpoch {self._epoch + 1}: finished gradual learning rate warmup to "
                     f"{self.initial_lr:g}."
