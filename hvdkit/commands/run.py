@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="start nothing; print the command, rank map and environment",
     )
     parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
-    parser.add_argument("--verbose", action="store_true", help="horovodrun's verbose output")
+    parser.add_argument("--verbose", action="store_true", help="horovodrun's verbose output, and the frameworks' start-up logging hvdkit otherwise drops")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     parser.set_defaults(func=run_command)
 
@@ -132,4 +132,4 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(plan.to_dict(), indent=2) if args.json else describe(plan))
         return 0
-    return runner.execute(plan, output_dir=args.output_dir)
+    return runner.execute(plan, output_dir=args.output_dir, verbose=args.verbose)

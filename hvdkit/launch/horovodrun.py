@@ -38,9 +38,25 @@ def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str])
     raise SystemExit(code if code >= 0 else 128 - code)
 
 
+def _answer_build_checks_from_the_record() -> None:
+    """horovodrun asks "built with Gloo? with MPI?" by loading each framework's Horovod
+    extension in a new process, TensorFlow's first: seconds per launch, and TensorFlow's
+    start-up logging even for a PyTorch-only job. hvdkit's build record already knows."""
+    from hvdkit.launch.runner import recorded_controllers
+
+    built = recorded_controllers()
+    if built is None:
+        return
+    import horovod.runner.launch as launch
+
+    launch.gloo_built = lambda verbose=False: "gloo" in built
+    launch.mpi_built = lambda verbose=False: "mpi" in built
+
+
 def main() -> int:
     sys.argv[0] = "horovodrun"
     os.execve = _run_instead_of_exec
+    _answer_build_checks_from_the_record()
     code = 0
     try:
         from horovod.runner.launch import run_commandline

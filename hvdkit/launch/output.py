@@ -27,13 +27,19 @@ class RankOutput:
         self.launcher: deque[str] = deque(maxlen=200)
 
     def feed(self, line: str) -> None:
+        """Record one tagged line as horovodrun prints it (``[3]<stderr>:text``)."""
         line = line.rstrip("\n")
         match = _TAG.match(line)
         if match is None:
-            self.launcher.append(line)
-            return
-        rank, stream, text = int(match.group(1)), match.group(2), match.group(3)
-        if stream == "stderr":
+            self.record(None, "stdout", line)
+        else:
+            self.record(int(match.group(1)), match.group(2), match.group(3))
+
+    def record(self, rank: int | None, stream: str, text: str) -> None:
+        """Record a whole line of ``rank``'s ``stream`` (None: horovodrun's own)."""
+        if rank is None:
+            self.launcher.append(text)
+        elif stream == "stderr":
             self.stderr.setdefault(rank, deque(maxlen=self.keep)).append(text)
 
     def exit_codes(self) -> dict[int, int]:

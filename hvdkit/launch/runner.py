@@ -3,6 +3,7 @@ output passed through live, Ctrl-C passed on, and a failing rank named at the en
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -11,8 +12,9 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.horovodrun import END
 from hvdkit.launch.output import RankOutput, failure_message
 from hvdkit.launch.plan import LaunchPlan
@@ -26,16 +28,23 @@ def _marked(code: int) -> bool:
     return code >= 0
 
 
+def recorded_controllers() -> list[str] | None:
+    """The controllers hvdkit's build record says this Horovod was built with (None without a
+    record: Horovod was installed some other way)."""
+    from hvdkit.build.builder import MARKER
+
+    try:
+        return list(json.loads(MARKER.read_text())["inputs"]["controllers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def available_controllers(python: str = sys.executable) -> tuple[str, ...]:
     """Controllers this environment's Horovod can use: Gloo when built, MPI when built *and*
     ``mpirun`` is on PATH. Read from hvdkit's build record when there is one (fast), else from
     Horovod itself."""
-    from hvdkit.build.builder import MARKER
-
-    built: list[str] | None = None
-    try:
-        built = list(json.loads(MARKER.read_text())["inputs"]["controllers"])
-    except (OSError, ValueError, KeyError, TypeError):
+    built = recorded_controllers()
+    if built is None:
         from hvdkit.build.matrix import MatrixError, read_matrix
 
         try:
@@ -56,31 +65,69 @@ def _from_files(output: RankOutput, output_dir: str, rank: int) -> None:
             return
 
 
-def _pump(
-    stream: TextIO, sink: TextIO, output: RankOutput, held: list[str], done: threading.Event
-) -> None:
-    """Pass ``stream`` on to ``sink`` line by line, recording it in ``output``; ``done`` is set
-    once horovodrun's end marker (or the end of the stream) has been read, i.e. once
-    ``output`` holds everything horovodrun wrote to it."""
-    try:
-        for line in stream:
-            if END in line:
-                line = line.split(END, 1)[0]
-                done.set()
-                if not line:
-                    continue
-            output.feed(line)
-            # horovodrun ends a failed job with its own Python traceback; it is held back and
-            # shown only if hvdkit cannot say more plainly which rank failed.
-            if held or (
-                line.startswith("Traceback (most recent call last)") and sink is sys.stderr
-            ):
-                held.append(line)
-                continue
-            sink.write(line)
+class Console:
+    """Writes the job's pieces of output as whole lines (:mod:`hvdkit.launch.console`): one
+    prefix format, start-up noise dropped unless ``verbose``, progress bars redrawn in place
+    on a terminal (on anything else only their final state is written). Records everything in
+    ``output`` for the failure message; horovodrun's own closing traceback is held back in
+    ``held``, shown only if hvdkit cannot say more plainly which rank failed."""
+
+    def __init__(self, output: RankOutput, verbose: bool) -> None:
+        self.output, self.verbose = output, verbose
+        self.held: list[str] = []
+        self._lock = threading.Lock()
+        self._progress_on: TextIO | None = None
+
+    def write(self, piece: Piece) -> None:
+        sink = sys.stdout if piece.stream == "stdout" else sys.stderr
+        if not self.verbose and is_noise(piece.text):
+            return
+        if not piece.progress:
+            self.output.record(piece.rank, piece.stream, piece.text)
+        if piece.rank is None and piece.stream == "stderr" and (
+            self.held or piece.text.startswith("Traceback (most recent call last)")
+        ):
+            self.held.append(piece.text + "\n")
+            return
+        with self._lock:
+            if piece.progress:
+                if piece.rank in (None, 0) and sink.isatty():
+                    sink.write("\r" + render(piece) + "\x1b[K")
+                    sink.flush()
+                    self._progress_on = sink
+                return
+            if self._progress_on is not None:
+                self._progress_on.write("\r\x1b[K")
+                self._progress_on.flush()
+                self._progress_on = None
+            sink.write(render(piece) + "\n")
             sink.flush()
+
+
+def _pump(stream: TextIO, name: str, console: Console, done: threading.Event) -> None:
+    """Pass horovodrun's ``stream`` to the console; ``done`` is set once horovodrun's end
+    marker (or the end of the stream) has been read, i.e. once the console has everything
+    horovodrun wrote to it."""
+    demux = Demux()
+    try:
+        for chunk in stream:
+            if END in chunk:
+                chunk = chunk.split(END, 1)[0]
+                for piece in demux.feed(chunk, name) + demux.flush():
+                    console.write(piece)
+                done.set()
+                continue
+            for piece in demux.feed(chunk, name):
+                console.write(piece)
+        for piece in demux.flush():
+            console.write(piece)
     finally:
         done.set()
+
+
+def _text(pipe: Any) -> TextIO:
+    # newline="": a progress bar's "\r" must reach the demux as it is, not turned into "\n".
+    return io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline="")
 
 
 def launcher_argv(plan: LaunchPlan) -> list[str]:
@@ -89,7 +136,7 @@ def launcher_argv(plan: LaunchPlan) -> list[str]:
     return [sys.executable, "-m", "hvdkit.launch.horovodrun", *plan.argv[1:]]
 
 
-def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
+def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = False) -> int:
     """Run the job; returns its exit status (non-zero if any rank failed), after printing
     which rank failed, on which host, with the tail of its stderr."""
     output = RankOutput()
@@ -101,21 +148,15 @@ def execute(plan: LaunchPlan, output_dir: str | None = None) -> int:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        bufsize=1,
         env=env,
         start_new_session=True,
     )
-    held: list[str] = []
+    console = Console(output, verbose)
+    held = console.held
     done = [threading.Event(), threading.Event()]
     pumps = [
-        threading.Thread(
-            target=_pump, args=(proc.stdout, sys.stdout, output, [], done[0]), daemon=True
-        ),
-        threading.Thread(
-            target=_pump, args=(proc.stderr, sys.stderr, output, held, done[1]), daemon=True
-        ),
+        threading.Thread(target=_pump, args=(_text(pipe), name, console, event), daemon=True)
+        for pipe, name, event in ((proc.stdout, "stdout", done[0]), (proc.stderr, "stderr", done[1]))
     ]
     for pump in pumps:
         pump.start()
