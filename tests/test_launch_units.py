@@ -200,3 +200,48 @@ def test_doctor_flags_a_host_name_that_resolves_to_loopback():
     assert bad.status == "FAIL" and "/etc/hosts" in bad.fix and "127.0.1.1" in bad.detail
     good = name_check(Host("node2", 4), {"hostname": "node2", "address": "10.1.2.3"})
     assert good.status == "PASS"
+
+
+def test_demux_makes_whole_lines_from_mpi_and_gloo_pieces():
+    from hvdkit.launch.console import Demux, Piece, render
+
+    d = Demux()
+    # MPI tags each write: print() comes as its text and then its newline, another rank between.
+    pieces = d.feed("[1,0]<stdout>:test loss: 0.1259[1,1]<stdout>:other\n", "stdout")
+    pieces += d.feed("[1,0]<stdout>:\n", "stdout")
+    assert [(p.rank, p.text) for p in pieces] == [(1, "other"), (0, "test loss: 0.1259")]
+    # Gloo: a progress bar's pieces end in \r; untagged text is horovodrun's own.
+    pieces = d.feed("[0]<stderr>: 10%\r[0]<stderr>: 50%\r[0]<stderr>:100%\n", "stderr")
+    assert [(p.text, p.progress) for p in pieces] == [(" 10%", True), (" 50%", True), ("100%", False)]
+    assert d.feed("Process 1 exit with status code 7.\n", "stdout") == [
+        Piece(None, "stdout", "Process 1 exit with status code 7.")
+    ]
+    assert d.feed("[2]<stdout>:no newline yet", "stdout") == []
+    assert d.flush() == [Piece(2, "stdout", "no newline yet")]
+    assert render(Piece(0, "stdout", "x")) == "x"
+    assert render(Piece(0, "stderr", "x")) == "[rank 0] x"
+    assert render(Piece(3, "stdout", "x")) == "[rank 3] x"
+
+
+def test_startup_noise_is_recognised_and_real_messages_are_not():
+    from hvdkit.launch.console import is_noise
+
+    noise = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1795476190.639061    6410 port.cc:153] oneDNN custom operations are on.",
+        "I0000 00:00:1795476190.639599    6410 cudart_stub.cc:31] Could not find cuda drivers",
+        "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild "
+        "TensorFlow with the appropriate compiler flags.",
+    ]
+    cuinit = ("E0000 00:00:1795478753.244837   32252 cuda_platform.cc:52] failed call to cuInit: "
+              "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)")  # fmt: skip
+    assert all(is_noise(line) for line in noise)
+    assert is_noise(cuinit) and not is_noise(cuinit, gpu=True)
+    real = [
+        "Traceback (most recent call last):",
+        "E0000 00:00:1795478753.2 32252 some_op.cc:52] Invalid argument: shapes differ",
+        "W0000 00:00:1795478753.2 32252 op_kernel.cc:1] OUT_OF_RANGE: End of sequence",
+        "UserWarning: Do not pass an `input_shape`/`input_dim` argument to a layer.",
+        "test accuracy: 0.9526",
+    ]
+    assert not any(is_noise(line) for line in real)

@@ -31,16 +31,25 @@ NOISE = [
         r"^I\d{4} [\d:.]+ +\d+ [\w/.-]+\.cc:\d+\] ",
         r"^To enable the following instructions: .* in other operations, rebuild TensorFlow "
         r"with the appropriate compiler flags\.$",
-        r"^[EW]\d{4} [\d:.]+ +\d+ cuda_executor\.cc:\d+\] failed call to cuInit: ",
         r"^[EW]\d{4} [\d:.]+ +\d+ \w+\.cc:\d+\] Unable to register cu(DNN|FFT|BLAS) factory",
+    )
+]
+# Errors only on a machine without a GPU, where they say nothing (on a GPU machine they are real).
+NO_GPU_NOISE = [
+    re.compile(p)
+    for p in (
+        r"^[EW]\d{4} [\d:.]+ +\d+ \w+\.cc:\d+\] failed call to cuInit: ",
         r"^W\d{4} [\d:.]+ +\d+ gpu_device\.cc:\d+\] Cannot dlopen some GPU libraries",
     )
 ]
 
 
-def is_noise(text: str) -> bool:
-    """Whether ``text`` (one line, no tag) is framework start-up noise."""
-    return any(p.search(text) for p in NOISE)
+def is_noise(text: str, gpu: bool = False) -> bool:
+    """Whether ``text`` (one line, no tag) is framework start-up noise; ``gpu``: the machine
+    has a GPU, so CUDA initialisation errors are kept."""
+    return any(p.search(text) for p in NOISE) or (
+        not gpu and any(p.search(text) for p in NO_GPU_NOISE)
+    )
 
 
 @dataclass(frozen=True)

@@ -74,13 +74,14 @@ class Console:
 
     def __init__(self, output: RankOutput, verbose: bool) -> None:
         self.output, self.verbose = output, verbose
+        self.gpu = Path("/dev/nvidiactl").exists()
         self.held: list[str] = []
         self._lock = threading.Lock()
         self._progress_on: TextIO | None = None
 
     def write(self, piece: Piece) -> None:
         sink = sys.stdout if piece.stream == "stdout" else sys.stderr
-        if not self.verbose and is_noise(piece.text):
+        if not self.verbose and is_noise(piece.text, gpu=self.gpu):
             return
         if not piece.progress:
             self.output.record(piece.rank, piece.stream, piece.text)

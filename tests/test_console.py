@@ -1,0 +1,60 @@
+"""What a newcomer sees: the README's `make run` and a two-rank PyTorch job through `hvdkit
+run` print whole lines, no framework start-up noise, and their accuracy line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from hvdkit.launch.console import is_noise
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+HVDKIT = str(Path(sys.executable).parent / "hvdkit")
+RAW_TAG = re.compile(r"\[\d+(,\d+)?\]<(stdout|stderr)>")
+
+
+def check_console(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert not [line for line in lines if RAW_TAG.search(line)], "a rank tag inside a line"
+    assert not [line for line in lines if is_noise(re.sub(r"^\[rank \d+\] ", "", line))]
+    assert not [line for line in lines if "\x1b" in line or "\b" in line], "escape codes"
+    return lines
+
+
+@pytest.mark.slow
+def test_make_run_prints_clean_whole_lines():
+    out = subprocess.run(["make", "run"], capture_output=True, text=True, cwd=ROOT, timeout=850,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # What the job printed comes after make's own lines (the setup step and the command).
+    job = out.stdout.split("examples/keras_mnist.py --epochs 10\n", 1)[1]
+    lines = check_console(job + out.stderr)
+    assert any(re.fullmatch(r"test accuracy: 0\.\d+", line) for line in lines), job[-2000:]
+    assert sum(line.startswith("Epoch ") for line in lines) == 10  # one progress report
+
+
+def test_a_pytorch_job_imports_no_tensorflow_anywhere():
+    # --verbose keeps every line, so TensorFlow's start-up logging would show if anything
+    # (the launcher's build checks, a rank) imported it.
+    out = subprocess.run(
+        [HVDKIT, "run", "-np", "2", "--gloo", "--verbose", "--", sys.executable,
+         "examples/pytorch_mnist.py", "--epochs", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "absl::InitializeLog" not in text and "cudart_stub" not in text
+    assert re.search(r"^test accuracy: 0\.\d+$", out.stdout, re.M), out.stdout[-2000:]
+    quiet = subprocess.run(
+        [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable,
+         "examples/pytorch_mnist.py", "--epochs", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert quiet.returncode == 0
+    lines = check_console(quiet.stdout + quiet.stderr)
+    assert lines[0].startswith("data: ")  # the program's first line is the first line shown
