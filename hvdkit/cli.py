@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 
 from hvdkit import __version__
 from hvdkit.commands import bench, build_horovod, doctor, run
@@ -25,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hvdkit`` console script; returns the exit status."""
+    # `kill -USR1 PID` prints every thread's stack to stderr: where a stuck launch waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -98,7 +98,16 @@ def test_ctrl_c_stops_every_rank():
     )  # fmt: skip
     pids = read_pids(proc, 2)
     proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
-    assert proc.wait(60) == 130
+    try:
+        # communicate, not wait: the test must keep reading, or a full pipe would stop hvdkit.
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # hvdkit prints its threads' stacks (faulthandler)
+        time.sleep(2)
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError("hvdkit run did not stop within 60 s of Ctrl-C:\n" + err[-6000:])
+    assert proc.returncode == 130, err[-3000:]
     assert wait_gone(pids), pids
 
 
