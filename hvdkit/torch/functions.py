@@ -57,11 +57,15 @@ def _state_skeleton(state: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any
     }
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int = 0, model: torch.nn.Module | None = None
+) -> None:
     """Horovod's ``broadcast_optimizer_state`` without its side effect: Horovod runs a
     zero-gradient ``step()`` to create state on a fresh optimizer, which makes AdamW apply
     weight decay once. Here the hyperparameters and whatever state rank 0 has are copied;
-    nothing steps."""
+    nothing steps. ``model`` is accepted for Horovod's signature: Horovod uses it only to make
+    that step's gradients sparse for sparse ``Embedding`` parameters, a step hvdkit does not
+    take."""
     sd = optimizer.state_dict()
     skeleton = hvd.broadcast_object(
         {"param_groups": sd["param_groups"], "state": _state_skeleton(sd["state"])},
