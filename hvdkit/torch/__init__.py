@@ -7,7 +7,8 @@ A Horovod script runs with only its import changed::
 What differs from ``horovod.torch``: ``broadcast_parameters`` handles non-contiguous
 (channels_last) tensors; ``broadcast_optimizer_state`` takes no spurious step on a fresh
 optimizer; ``DistributedOptimizer.zero_grad(set_to_none=...)`` works; and
-:func:`backward_and_step` is the one pattern for AMP and clipping.
+:func:`backward_and_step` is the one pattern for AMP and clipping; ``SyncBatchNorm`` also
+works on CPU (Horovod's needs a GPU).
 """
 
 from horovod.torch import (
@@ -73,12 +74,12 @@ from horovod.torch import (
     start_timeline,
     stop_timeline,
     Sum,
-    SyncBatchNorm,
     synchronize,
 )
 
 from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from hvdkit.torch.optimizer import DistributedOptimizer, backward_and_step
+from hvdkit.torch.sync_batch_norm import SyncBatchNorm
 from hvdkit.torch.session import Session, setup
 
 __all__ = [
