@@ -20,7 +20,8 @@ import keras
 import numpy as np
 
 from hvdkit import rank_zero
-from hvdkit.keras import backend, callbacks
+from hvdkit.keras import backend, callbacks, collectives
+from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.optimizer import DistributedOptimizer
 from hvdkit.keras.session import setup
 
@@ -29,40 +30,15 @@ def _hvd() -> Any:
     return backend.horovod()
 
 
-def init() -> None:
-    """Initialise Horovod for the active Keras backend and pin this process to one GPU by
-    local rank (on CPU: its share of the cores). Idempotent. On the TensorFlow backend call it
-    before building a model: TensorFlow fixes its devices at its first op."""
-    topology = backend.init()
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Horovod's ``init`` (``comm``: an MPI communicator or list of ranks; ``process_sets``:
+    static ``ProcessSet``s, or ``"dynamic"``) for the active Keras backend, and pin this
+    process to one GPU by local rank (on CPU: its share of the cores). Idempotent. On the
+    TensorFlow backend call it before building a model: TensorFlow fixes its devices at its
+    first op."""
+    topology = backend.init(comm=comm, process_sets=process_sets)
     rank_zero.set_rank(topology.rank)
     backend.pin_device(topology)
-
-
-def size() -> int:
-    return _hvd().size()
-
-
-def rank() -> int:
-    return _hvd().rank()
-
-
-def local_rank() -> int:
-    return _hvd().local_rank()
-
-
-def local_size() -> int:
-    return _hvd().local_size()
-
-
-def cross_rank() -> int:
-    return _hvd().cross_rank()
-
-
-def allreduce(value: Any, name: str | None = None, average: bool = True) -> Any:
-    """Average (or sum) a tensor or number over all ranks."""
-    tensor = keras.ops.convert_to_tensor(value)
-    op = _hvd().Average if average else _hvd().Sum
-    return _hvd().allreduce(tensor, op=op, name=name)
 
 
 def broadcast_global_variables(root_rank: int = 0, model: keras.Model | None = None) -> None:
@@ -106,7 +82,7 @@ def shard(*arrays: Any, pad: bool = True) -> tuple[Any, ...] | Any:
     """This rank's share of each array (rows ``rank, rank + size, ...``). With ``pad`` every
     rank gets ``ceil(n / size)`` rows, the short shards repeating their first rows, so all
     ranks take the same number of steps; use ``pad=False`` for evaluation (each row once)."""
-    me, world = rank(), size()
+    me, world = _hvd().rank(), _hvd().size()
     n = len(arrays[0])
     if any(len(a) != n for a in arrays):
         raise ValueError(f"shard: arrays differ in length: {[len(a) for a in arrays]}")
@@ -118,20 +94,25 @@ def shard(*arrays: Any, pad: bool = True) -> tuple[Any, ...] | Any:
 
 
 def __getattr__(name: str) -> Any:
-    # Average, Sum, Compression, ... come from the backend's Horovod module.
-    if name in ("Average", "Sum", "Adasum", "Compression"):
+    # Queries, process sets, ops and Compression come from the backend's Horovod module, so
+    # importing hvdkit.keras loads only the Horovod module of the active backend, and lazily.
+    if name in collectives.DELEGATED:
         return getattr(_hvd(), name)
     raise AttributeError(f"module 'hvdkit.keras' has no attribute {name!r}")
 
 
 __all__ = [
     "DistributedOptimizer",
+    "allgather",
     "allreduce",
+    "alltoall",
+    "broadcast",
     "broadcast_global_variables",
     "callbacks",
     "cross_rank",
     "init",
     "load_model",
+    "reducescatter",
     "local_rank",
     "local_size",
     "rank",

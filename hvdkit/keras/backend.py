@@ -137,10 +137,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str = "hvdkit.object") 
     return horovod().broadcast_object(obj, root_rank=root_rank, name=name)
 
 
-def init() -> Topology:
+def init(comm: Any = None, process_sets: Any = None) -> Topology:
     """Initialise Horovod (idempotent) and return where this process sits."""
     hvd = horovod()
-    hvd.init()
+    if not hvd.is_initialized():
+        hvd.init(comm=comm, process_sets=process_sets)
     return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank())
 
 
