@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "workers"
 HOROVODRUN = str(Path(sys.executable).parent / "horovodrun")
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a process the test will Ctrl-C: SIGINT back to its default. A shell
+    without job control starts background commands with SIGINT ignored, and that is inherited
+    (a suite run in the background would start hvdkit deaf to the test's Ctrl-C); a user's
+    terminal gives it the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def horovodrun(

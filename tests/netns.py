@@ -19,6 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from conftest import interruptible
+
 SUBNET = "10.77.0"
 NEEDED = {"ip": "iproute2", "sshd": "openssh-server", "ssh": "openssh-client",
           "ssh-keygen": "openssh-client"}  # fmt: skip
@@ -166,6 +168,7 @@ class TwoHosts:
         return subprocess.Popen(
             ["ip", "netns", "exec", self.launcher, *argv], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=self._env(), stdin=subprocess.DEVNULL,
+            preexec_fn=interruptible,
         )  # fmt: skip
 
     def down(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import signal
 import subprocess
 import sys
 import time
@@ -73,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                    f"--junitxml={junit}", *pytest_args]  # fmt: skip
             t0 = time.monotonic()
-            code = subprocess.run(cmd, cwd=ROOT, stdin=subprocess.DEVNULL).returncode
+            # SIGINT at its default, as in CI and a terminal (a sweep started in the background
+            # by a shell without job control would otherwise pass on "SIGINT ignored").
+            code = subprocess.run(
+                cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            ).returncode  # fmt: skip
             results = outcomes(junit) if junit.exists() else {}
             bad = [t for t, (state, _) in results.items() if state in ("failure", "error")]
             for test, (state, message) in results.items():

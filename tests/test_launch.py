@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, WORKERS, results
+from conftest import ROOT, WORKERS, interruptible, results
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -95,6 +95,7 @@ def test_ctrl_c_stops_every_rank():
     proc = subprocess.Popen(
         [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable, WORKER, "sleep"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        preexec_fn=interruptible,
     )  # fmt: skip
     pids = read_pids(proc, 2)
     proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
