@@ -22,6 +22,7 @@ import numpy as np
 from hvdkit import rank_zero
 from hvdkit.keras import backend, callbacks, collectives
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
+from hvdkit.keras.layers import SyncBatchNormalization
 from hvdkit.keras.optimizer import DistributedOptimizer
 from hvdkit.keras.session import setup
 
@@ -103,6 +104,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DistributedOptimizer",
+    "SyncBatchNormalization",
     "allgather",
     "allreduce",
     "alltoall",

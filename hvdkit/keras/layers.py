@@ -1,0 +1,38 @@
+"""``SyncBatchNormalization`` for Keras 3, both backends (Horovod has one for tf.keras only,
+``horovod.tensorflow.SyncBatchNormalization``, which Keras 3 breaks: ``fused=`` is gone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from hvdkit.keras import backend
+
+
+@keras.saving.register_keras_serializable(package="hvdkit")
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """``keras.layers.BatchNormalization`` (same arguments) whose training statistics are those
+    of the global batch: N ranks with B rows each normalise, and update the moving mean and
+    variance, exactly as one process with the N * B rows would. One allreduce of each rank's
+    per-channel sums, sums of squares and row count per call, differentiable on both backends
+    (gradients flow to every rank's rows). Inference uses the moving statistics, as usual."""
+
+    def _moments(self, inputs: Any, mask: Any) -> Any:
+        hvd = backend.horovod()
+        if mask is not None or hvd.size() == 1:
+            return super()._moments(inputs, mask)
+        ops = keras.ops
+        channels = inputs.shape[self.axis]
+        local = ops.concatenate([
+            ops.sum(inputs, axis=self._reduction_axes),
+            ops.sum(ops.square(inputs), axis=self._reduction_axes),
+            ops.reshape(ops.cast(ops.size(inputs), inputs.dtype) / channels, (1,)),
+        ])  # fmt: skip
+        if keras.config.backend() == "torch":
+            local = local.contiguous()
+        total = hvd.allreduce(local, op=hvd.Sum, name=f"hvdkit.sync_bn.{self.name}")
+        count = total[2 * channels]
+        mean = total[:channels] / count
+        variance = ops.maximum(total[channels : 2 * channels] / count - ops.square(mean), 0.0)
+        return mean, variance
