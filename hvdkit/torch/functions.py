@@ -63,10 +63,19 @@ def broadcast_optimizer_state(
     """Horovod's ``broadcast_optimizer_state`` without its side effect: Horovod runs a
     zero-gradient ``step()`` to create state on a fresh optimizer, which makes AdamW apply
     weight decay once. Here the hyperparameters and whatever state rank 0 has are copied;
-    nothing steps. ``model`` is accepted for Horovod's signature: Horovod uses it only to make
+    nothing steps (a fresh optimizer's trainable parameters get zero gradients, as Horovod's
+    step leaves them). ``model`` is accepted for Horovod's signature: Horovod uses it only to make
     that step's gradients sparse for sparse ``Embedding`` parameters, a step hvdkit does not
     take."""
     sd = optimizer.state_dict()
+    if not sd["state"]:
+        # Horovod leaves zero gradients on a fresh optimizer's trainable parameters (from its
+        # state-creating step); scripts read them (Horovod's own test_broadcast_state_no_grad
+        # broadcasts one), so they are there too, without the step.
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     skeleton = hvd.broadcast_object(
         {"param_groups": sd["param_groups"], "state": _state_skeleton(sd["state"])},
         root_rank,
