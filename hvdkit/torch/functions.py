@@ -10,16 +10,40 @@ import horovod.torch as hvd
 import torch
 
 
+class InvalidParamsError(TypeError, ValueError):
+    """``params`` of a kind ``broadcast_parameters`` cannot take. Horovod raises ``ValueError``
+    here; hvdkit raised ``TypeError``: this is both, so either ``except`` catches it."""
+
+
 def _named_tensors(params: Any) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs in the order every rank broadcasts them.
+
+    As Horovod: a ``state_dict()`` (sorted by name), or a list of ``(name, tensor)`` pairs
+    (``named_parameters()``) and/or bare tensors (``parameters()``), which keeps its order.
+    Beyond Horovod: any iterable (a ``named_parameters()`` generator without ``list()``)."""
     if isinstance(params, Mapping):
-        items = list(params.items())
-    elif isinstance(params, Iterable):
-        items = list(params)
-    else:
-        raise TypeError(f"expected a state_dict or named_parameters(), got {type(params).__name__}")
-    if items and not all(isinstance(i, tuple) and len(i) == 2 for i in items):
-        raise TypeError("expected (name, tensor) pairs, e.g. model.named_parameters()")
-    return sorted(((k, v) for k, v in items if torch.is_tensor(v)), key=lambda kv: kv[0])
+        return sorted(((k, v) for k, v in params.items() if torch.is_tensor(v)), key=lambda kv: kv[0])
+    if isinstance(params, (str, bytes)) or not isinstance(params, Iterable):
+        raise InvalidParamsError(
+            f"invalid params of type {type(params).__name__}: expected a state_dict(), "
+            "named_parameters() or parameters()"
+        )
+    named = []
+    for index, item in enumerate(params):
+        if isinstance(item, tuple) and len(item) == 2:
+            name, tensor = item
+        elif torch.is_tensor(item):
+            # An unnamed tensor (parameters()): named by its place in the list, the same on
+            # every rank, as Horovod's automatic names are.
+            name, tensor = f"#{index}", item
+        else:
+            raise InvalidParamsError(
+                f"params[{index}] is a {type(item).__name__}: expected a tensor or a "
+                "(name, tensor) pair"
+            )
+        if torch.is_tensor(tensor):
+            named.append((str(name), tensor))
+    return named
 
 
 def broadcast_tensors_(named: list[tuple[str, torch.Tensor]], root_rank: int, prefix: str) -> None:
@@ -63,19 +87,38 @@ def broadcast_optimizer_state(
     """Horovod's ``broadcast_optimizer_state`` without its side effect: Horovod runs a
     zero-gradient ``step()`` to create state on a fresh optimizer, which makes AdamW apply
     weight decay once. Here the hyperparameters and whatever state rank 0 has are copied;
-    nothing steps (a fresh optimizer's trainable parameters get zero gradients, as Horovod's
-    step leaves them). ``model`` is accepted for Horovod's signature: Horovod uses it only to make
-    that step's gradients sparse for sparse ``Embedding`` parameters, a step hvdkit does not
-    take."""
+    nothing steps.
+
+    What Horovod's step leaves behind is kept: on a fresh optimizer (no state on this rank)
+    each trainable parameter without a gradient gets a zero one, sparse where Horovod makes it
+    sparse: every parameter under ``SparseAdam``, and under ``SGD`` the parameters of
+    ``model``'s ``Embedding(sparse=True)`` modules (what ``model`` is for, in Horovod too), so
+    that later sparse gradients accumulate onto a sparse tensor.
+
+    Beyond Horovod: ``torch.optim.LBFGS`` state is broadcast too (Horovod refuses it), its
+    nested lists going as pickled objects; channels_last state tensors are fine."""
     sd = optimizer.state_dict()
     if not sd["state"]:
         # Horovod leaves zero gradients on a fresh optimizer's trainable parameters (from its
         # state-creating step); scripts read them (Horovod's own test_broadcast_state_no_grad
         # broadcasts one), so they are there too, without the step.
+        sparse_ids = set()
+        if model is not None:
+            sparse_ids = {
+                id(p)
+                for m in model.modules()
+                if isinstance(m, torch.nn.Embedding) and m.sparse
+                for p in m.parameters()
+            }
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
+                    grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam) or (
+                        isinstance(optimizer, torch.optim.SGD) and id(p) in sparse_ids
+                    ):
+                        grad = grad.to_sparse()
+                    p.grad = grad
     skeleton = hvd.broadcast_object(
         {"param_groups": sd["param_groups"], "state": _state_skeleton(sd["state"])},
         root_rank,

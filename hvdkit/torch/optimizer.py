@@ -60,12 +60,13 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     backward_passes_per_step: int = 1,
     op: Any = hvd.Average,
     gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
     groups: Any = None,
     sparse_as_dense: bool = False,
-    **kwargs: Any,
+    process_set: Any = hvd.global_process_set,
 ) -> torch.optim.Optimizer:
-    """Horovod's ``DistributedOptimizer`` with ``zero_grad(set_to_none=...)`` and
-    channels_last gradients working.
+    """Horovod's ``DistributedOptimizer`` (same parameters, same order) with
+    ``zero_grad(set_to_none=...)`` and channels_last gradients working.
 
     Example::
 
@@ -80,9 +81,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         backward_passes_per_step=backward_passes_per_step,
         op=op,
         gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups,
         groups=groups,
         sparse_as_dense=sparse_as_dense,
-        **kwargs,
+        process_set=process_set,
     )
     wrapped.zero_grad = types.MethodType(_zero_grad, wrapped)
     return wrapped
