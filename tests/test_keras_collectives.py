@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 def test_collectives_on_every_backend(keras_backend, controller, tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", keras_backend)
     monkeypatch.setenv("HOROVOD_TIMELINE", "DYNAMIC")  # Horovod's switch for start_timeline
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")  # add/remove_process_set
     timeline = tmp_path / "timeline.json"
     r = results(horovodrun("keras_collectives_worker.py", str(timeline), controller=controller))
     assert sorted(r) == [0, 1] and r[0]["backend"] == keras_backend

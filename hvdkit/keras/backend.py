@@ -7,6 +7,7 @@ optimizer and callbacks are written once for both backends.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from types import ModuleType
 from typing import Any
@@ -75,15 +76,25 @@ def allreduce_list(
     predivide: float = 1.0,
     sparse_as_dense: bool = False,
     process_set: Any = None,
+    groups: list[list[int]] | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
 ) -> list[Any]:
-    """Reduce gradients over the ranks: the dense ones in one grouped (fused) allreduce, each
-    sparse one (TensorFlow ``IndexedSlices``, e.g. an ``Embedding``'s) on its own, as Horovod
-    does (an allgather of values and indices); ``sparse_as_dense`` makes them dense first.
-    ``predivide`` splits an average into a division before the sum and the rest after (Horovod's
-    ``gradient_predivide_factor``). None entries are passed through."""
+    """Reduce gradients over the ranks: the dense ones in grouped (fused) allreduces, one per
+    entry of ``groups`` (lists of indices into ``tensors``; a dense tensor in no group goes
+    alone; default: all in one), each sparse one (TensorFlow ``IndexedSlices``, e.g. an
+    ``Embedding``'s) on its own, as Horovod does (an allgather of values and indices);
+    ``sparse_as_dense`` makes them dense first. ``predivide`` splits an average into a
+    division before the sum and the rest after (Horovod's ``gradient_predivide_factor``).
+    ``device_dense``/``device_sparse`` place the ops on the TensorFlow backend, as Horovod's
+    ``tf.device`` does (the torch backend's ops run on the tensor's device). None entries are
+    passed through. A rank outside ``process_set``, or a set of one, keeps its own tensors
+    (Horovod's rule for gradients)."""
     hvd = horovod()
     kwargs: dict[str, Any] = {} if process_set is None else {"process_set": process_set}
     out = list(tensors)
+    if process_set is not None and not (process_set.included() and process_set.size() > 1):
+        return out
     if sparse_as_dense:
         import tensorflow as tf
 
@@ -96,13 +107,14 @@ def allreduce_list(
         if op != "average":
             raise ValueError("gradient_predivide_factor needs op=Average")
         scale = {"prescale_factor": 1.0 / predivide, "postscale_factor": predivide}
-    if dense:
-        compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-        reduced = hvd.grouped_allreduce(
-            [out[i] for i in dense], op=reduction, name=name, compression=compression,
-            **scale, **kwargs,
-        )  # fmt: skip
-        for i, tensor in zip(dense, reduced, strict=True):
+    compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+    for g, group in enumerate(dense_groups(dense, groups)):
+        with _device(device_dense):
+            reduced = hvd.grouped_allreduce(
+                [out[i] for i in group], op=reduction, compression=compression,
+                name=name if g == 0 else f"{name}.group{g}", **scale, **kwargs,
+            )  # fmt: skip
+        for i, tensor in zip(group, reduced, strict=True):
             out[i] = tensor
     for i in sparse:
         if op == "adasum" or scale:
@@ -111,8 +123,46 @@ def allreduce_list(
                 "with Adasum or gradient_predivide_factor. Fix: DistributedOptimizer(..., "
                 "sparse_as_dense=True)"
             )
-        out[i] = hvd.allreduce(out[i], op=reduction, name=f"{name}.sparse.{i}", **kwargs)
+        with _device(device_sparse):
+            out[i] = hvd.allreduce(out[i], op=reduction, name=f"{name}.sparse.{i}", **kwargs)
     return out
+
+
+def dense_groups(dense: list[int], groups: list[list[int]] | None) -> list[list[int]]:
+    """The fused groups for the dense indices ``dense``: ``groups`` with the indices that are
+    not dense dropped, then each dense index in no group alone (Horovod's rule for groups of
+    variables); all in one group when ``groups`` is None. Empty groups are left out."""
+    if groups is None:
+        return [dense] if dense else []
+    wanted = set(dense)
+    placed: set[int] = set()
+    out = []
+    for group in groups:
+        members = [i for i in group if i in wanted and i not in placed]
+        placed.update(members)
+        if members:
+            out.append(members)
+    return out + [[i] for i in dense if i not in placed]
+
+
+def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
+    """``items`` in ``parts`` runs whose lengths differ by at most one, the longer ones
+    first (Horovod's ``num_groups``/``groups=N`` split)."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + size + (1 if k < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return [run for run in out if run]
+
+
+def _device(device: str) -> Any:
+    if not device or keras.config.backend() != "tensorflow":
+        return contextlib.nullcontext()
+    import tensorflow as tf
+
+    return tf.device(device)
 
 
 def allgather_numpy(array: np.ndarray, name: str) -> np.ndarray:

@@ -10,9 +10,18 @@ a saved model names the plain class (it loads without hvdkit).
 
 Behaviour follows Horovod 0.28.1's where it defines it:
 
-- ``backward_passes_per_step=N`` applies the *sum* of the N passes' gradients (each pass's
-  gradients reduced across ranks), or their mean with ``average_aggregated_gradients=True``;
-  ``optimizer.iterations`` counts passes, not updates (so does the LR schedule).
+- ``backward_passes_per_step=N`` accumulates N passes locally and reduces once, on the update
+  step, then applies the *sum* of the N passes' gradients, or their mean with
+  ``average_aggregated_gradients=True``; ``optimizer.iterations`` counts passes, not updates
+  (so does the LR schedule).
+- ``groups=N`` (or ``num_groups=N``) splits the dense gradients into N fused allreduces,
+  ``groups=[[var, ...], ...]`` fuses each list's gradients and reduces every other gradient
+  on its own; by default all dense gradients go in one fused allreduce (Horovod reduces each
+  on its own and leaves fusion to its fusion buffer: the same values).
+- ``device_dense``/``device_sparse`` place the allreduces on the TensorFlow backend, as
+  Horovod's ``tf.device`` does.
+- ``compute_gradients(loss, var_list, tape=None)`` and ``get_gradients(loss, params)`` return
+  reduced gradients, and the ``apply_gradients`` that follows does not reduce them again.
 - A sparse gradient (TensorFlow ``IndexedSlices``, e.g. from an ``Embedding``) is reduced by
   allgather, separately from the dense ones; ``sparse_as_dense=True`` densifies it first.
 - ``register_local_var(var)``: that variable's gradient is not reduced (scaled by 1 / size
@@ -20,14 +29,19 @@ Behaviour follows Horovod 0.28.1's where it defines it:
 
 Deliberate differences: the optimizer is wrapped in place (Horovod builds a fresh one from the
 config, losing any state it had); ``name`` names the allreduce ops only (in Keras 3 the
-optimizer's name is part of its variables' paths, which checkpoints use); ``device_dense``,
-``device_sparse``, ``num_groups`` and ``groups`` are accepted and have no effect (Horovod's ops
-run on the tensor's device; all dense gradients go in one fused group, which gives the same
-values as any grouping).
+optimizer's name is part of its variables' paths, which checkpoints use); ``apply`` and
+``apply_gradients`` reduce the gradients they are given (Horovod's Keras optimizer reduces only
+in ``compute_gradients``/``get_gradients``, so gradients from a ``GradientTape`` passed to
+``apply_gradients`` were applied unreduced there); ``op=Adasum`` is accepted (Horovod's Keras
+optimizer takes Average and Sum only); ``device_dense``/``device_sparse`` have no effect on the
+torch backend (Horovod's torch ops run on the tensor's device); under
+``backward_passes_per_step > 1``, ``compute_gradients`` returns this rank's gradients (the
+reduction happens once, on the update step; the applied values are the same).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +65,11 @@ class Options:
     scale_local_gradients: bool = True
     name: str = "hvdkit.grads"
     process_set: Any = None
+    # An int: that many fused groups; a tuple of tuples of variable ids: those variables'
+    # gradients fused together (ids, not variables: the options are a cache key).
+    groups: int | tuple[tuple[int, ...], ...] | None = None
+    device_dense: str = ""
+    device_sparse: str = ""
 
 
 _CLASSES: dict[tuple[type, Options], type] = {}
@@ -73,15 +92,10 @@ def refuse_xla() -> None:
         )
 
 
-def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-    refuse_xla()
+def _reduce(self: Any, grads: list[Any], variables: list[Any]) -> list[Any]:
+    """``grads`` (paired with ``variables``) reduced over the ranks, but for the registered
+    local variables' (scaled by 1 / size when ``scale_local_gradients``)."""
     options: Options = self._hvdkit_options
-    grads = list(grads)
-    variables = (
-        list(trainable_variables)
-        if trainable_variables is not None
-        else list(getattr(self, "_trainable_variables", []))
-    )
     local = getattr(self, "_hvdkit_local_vars", set())
     shared = [i for i in range(len(grads)) if i >= len(variables) or id(variables[i]) not in local]
     reduced = backend.allreduce_list(
@@ -92,7 +106,11 @@ def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         predivide=options.gradient_predivide_factor,
         sparse_as_dense=options.sparse_as_dense,
         process_set=options.process_set,
+        groups=_groups(options.groups, [variables[i] if i < len(variables) else None for i in shared]),
+        device_dense=options.device_dense,
+        device_sparse=options.device_sparse,
     )
+    grads = list(grads)
     for i, grad in zip(shared, reduced, strict=True):
         grads[i] = grad
     if local and options.scale_local_gradients:
@@ -100,11 +118,117 @@ def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         grads = [
             g / size if g is not None and i not in shared else g for i, g in enumerate(grads)
         ]
-    if options.backward_passes_per_step > 1 and not options.average_aggregated_gradients:
+    return grads
+
+
+def _groups(groups: Any, variables: list[Any]) -> list[list[int]] | None:
+    """Options.groups as lists of indices into ``variables`` (whose gradients are reduced)."""
+    if groups is None:
+        return None
+    if isinstance(groups, int):
+        return backend.split_evenly(list(range(len(variables))), groups)
+    where = {id(v): i for i, v in enumerate(variables) if v is not None}
+    return [[where[v] for v in group if v in where] for group in groups]
+
+
+def _variables(self: Any, trainable_variables: Any) -> list[Any]:
+    if trainable_variables is not None:
+        return list(trainable_variables)
+    return list(getattr(self, "_trainable_variables", []))
+
+
+def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+    refuse_xla()
+    base = type(self)._hvdkit_base
+    grads = list(grads)
+    if self.__dict__.pop("_hvdkit_reduced", False):
+        # From compute_gradients/get_gradients: reduced already.
+        return base.apply(self, grads, trainable_variables)
+    if self._hvdkit_options.backward_passes_per_step == 1:
+        grads = _reduce(self, grads, _variables(self, trainable_variables))
+    # else: reduced once per update, in _clip_gradients (Keras's update step).
+    return base.apply(self, grads, trainable_variables)
+
+
+def _backend_apply_gradients(self: Any, grads: Any, trainable_variables: Any) -> Any:
+    # Keras has filtered out the variables without a gradient by now: these are the
+    # variables _clip_gradients's gradients belong to. object.__setattr__: Keras would track
+    # a list of variables set on the optimizer as its own.
+    object.__setattr__(self, "_hvdkit_update_vars", list(trainable_variables))
+    try:
+        return type(self)._hvdkit_base._backend_apply_gradients(self, grads, trainable_variables)
+    finally:
+        object.__setattr__(self, "_hvdkit_update_vars", None)
+
+
+def _clip_gradients(self: Any, grads: Any) -> Any:
+    """Under accumulation Keras calls this on the update step only, with the mean of the
+    accumulated passes: reduced here, once per update, as Horovod does."""
+    options: Options = self._hvdkit_options
+    grads = _reduce(self, list(grads), self._hvdkit_update_vars)
+    if not options.average_aggregated_gradients:
         # Keras applies the mean of the accumulated passes; Horovod's default is their sum.
         n = options.backward_passes_per_step
         grads = [g * n if g is not None else g for g in grads]
-    return type(self)._hvdkit_base.apply(self, grads, trainable_variables)
+    return type(self)._hvdkit_base._clip_gradients(self, grads)
+
+
+def _compute_gradients(
+    self: Any, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
+) -> list[tuple]:
+    """Horovod's ``compute_gradients(loss, var_list, tape=None)`` (and its private
+    ``_compute_gradients``, which Horovod's tests call): ``(gradient, variable)`` pairs of
+    ``loss`` (a tensor recorded on ``tape``, or a callable) for ``var_list``, reduced over the
+    ranks; the next ``apply_gradients`` applies them as they are. TensorFlow backend only."""
+    if keras.config.backend() != "tensorflow":
+        raise NotImplementedError(
+            "compute_gradients(loss, var_list, tape) needs a TensorFlow GradientTape: on the "
+            "torch backend call loss.backward() and pass [v.value.grad for v in variables] to "
+            "optimizer.apply(grads, variables), which reduces them"
+        )
+    import tensorflow as tf
+
+    if not callable(loss) and tape is None:
+        raise ValueError("compute_gradients: a tensor loss needs the tape that recorded it")
+    tape = tf.GradientTape() if tape is None else tape
+    if callable(loss):
+        with tape:
+            var_list = list(var_list() if callable(var_list) else var_list)
+            tape.watch(var_list)
+            loss = loss()
+    var_list = list(var_list() if callable(var_list) else var_list)
+    grads = tape.gradient(loss, var_list, grad_loss)
+    return list(zip(_reduce_once(self, grads, var_list), var_list, strict=True))
+
+
+def _public_compute_gradients(self: Any, loss: Any, var_list: Any, tape: Any = None) -> list:
+    return _compute_gradients(self, loss, var_list, None, tape)
+
+
+_public_compute_gradients.__doc__ = _compute_gradients.__doc__
+
+
+def _get_gradients(self: Any, loss: Any, params: Any) -> list[Any]:
+    """Horovod's ``get_gradients``: the wrapped optimizer's own ``get_gradients`` (Keras 3's
+    optimizers have none: a subclass may define it), reduced over the ranks."""
+    own = getattr(type(self)._hvdkit_base, "get_gradients", None)
+    if own is None:
+        raise AttributeError(
+            f"{type(self).__name__} has no get_gradients(loss, params): Keras 3 optimizers "
+            "dropped it. Fix: compute the gradients (tf.GradientTape, or loss.backward() on the "
+            "torch backend) and pass them to apply_gradients(), which reduces them, or call "
+            "compute_gradients(loss, var_list, tape)"
+        )
+    params = list(params)
+    return _reduce_once(self, list(own(self, loss, params)), params)
+
+
+def _reduce_once(self: Any, grads: list[Any], variables: list[Any]) -> list[Any]:
+    if self._hvdkit_options.backward_passes_per_step > 1:
+        return list(grads)  # reduced on the update step
+    grads = _reduce(self, list(grads), variables)
+    object.__setattr__(self, "_hvdkit_reduced", True)
+    return grads
 
 
 def _set_size(process_set: Any) -> int:
@@ -142,11 +266,16 @@ def distributed_class(base: type, options: Options) -> type:
             "_hvdkit_options": options,
             WRAPPED: True,
             "apply": _apply,
+            "compute_gradients": _public_compute_gradients,
+            "_compute_gradients": _compute_gradients,
+            "get_gradients": _get_gradients,
             "register_local_var": _register_local_var,
             "from_config": classmethod(_from_config),
         }
         if options.backward_passes_per_step > 1:
             namespace["iterations"] = property(_iterations)
+            namespace["_backend_apply_gradients"] = _backend_apply_gradients
+            namespace["_clip_gradients"] = _clip_gradients
         _CLASSES[key] = type(base.__name__, (base,), namespace)
     return _CLASSES[key]
 
@@ -182,8 +311,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     ``op``: ``Average`` (default), ``Sum`` or ``Adasum``. ``compression=Compression.fp16``
     halves the bytes sent. ``backward_passes_per_step=N`` accumulates N batches locally before
     each update and applies their sum (``average_aggregated_gradients=True``: their mean).
-    ``process_set`` reduces within that set only. See the module docstring for what differs
-    from Horovod.
+    ``process_set`` reduces within that set only. ``groups``: a number of fused allreduces to
+    split the dense gradients into, or lists of variables whose gradients are fused together
+    (``num_groups`` is its deprecated name, as in Horovod). ``device_dense``/``device_sparse``:
+    TensorFlow devices for the allreduces. See the module docstring for what differs from
+    Horovod.
 
     Example::
 
@@ -205,6 +337,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
                 "(its gradient accumulators are made when it is built): wrap it before "
                 "training or build it with gradient_accumulation_steps"
             )
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "backward_passes_per_step > 1 with a LossScaleOptimizer: Keras accumulates in "
+                "its inner optimizer, out of hvdkit's reach. Fix: backward_passes_per_step=1, "
+                "or the inner optimizer without loss scaling"
+            )
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     options = Options(
         op=_op_name(op, hvd),
@@ -216,6 +354,36 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         scale_local_gradients=scale_local_gradients,
         name=name or "hvdkit.grads",
         process_set=process_set,
+        groups=_checked_groups(num_groups, groups),
+        device_dense=device_dense,
+        device_sparse=device_sparse,
     )
     optimizer.__class__ = distributed_class(type(optimizer), options)
     return optimizer
+
+
+def _checked_groups(num_groups: int, groups: Any) -> int | tuple[tuple[int, ...], ...] | None:
+    """Horovod's rules: ``num_groups`` is the deprecated name of ``groups=N``; ``groups`` is
+    a positive number or a list of lists of variables."""
+    if num_groups != 0:
+        warnings.warn(
+            "DistributedOptimizer: num_groups is deprecated (as in Horovod): use groups",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if groups is None:
+            groups = num_groups
+    if groups is None:
+        return None
+    if isinstance(groups, list):
+        if not all(isinstance(group, (list, tuple)) for group in groups):
+            raise ValueError(
+                "groups: a list of lists of variables, e.g. groups=[[dense.kernel, dense.bias]]"
+            )
+        return tuple(tuple(id(v) for v in group) for group in groups)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError(
+            f"groups={groups!r}: groups should be a positive integer (the number of fused "
+            "allreduces) or a list of lists of variables"
+        )
+    return groups

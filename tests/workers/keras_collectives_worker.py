@@ -45,6 +45,17 @@ def main() -> None:
         checks["process_set"] = float(arr(hvd.allreduce(np.array([5.0], "float32"), op=hvd.Sum, process_set=first))[0]) == 5.0
     else:
         checks["process_set"] = not first.included()
+    # A dynamic set ({1}, needs HOROVOD_DYNAMIC_PROCESS_SETS=1): added, used, removed; global
+    # ops go on afterwards.
+    late = hvd.add_process_set([1])
+    if late.included():
+        checks["dynamic_set"] = float(arr(hvd.allreduce(np.array([7.0], "float32"), op=hvd.Sum, process_set=late))[0]) == 7.0
+    else:
+        checks["dynamic_set"] = late.size() == 1 and me == 0
+    hvd.remove_process_set(late)
+    checks["dynamic_set_removed"] = late.process_set_id is None and float(
+        arr(hvd.allreduce(np.array([1.0], "float32"), op=hvd.Sum, name="after.remove"))[0]
+    ) == float(n)
     checks["queries"] = hvd.is_initialized() and hvd.cross_size() == 1 and hvd.gloo_built()
     hvd.start_timeline(sys.argv[1] + f".{me}")
     hvd.allreduce(x, name="timed")
