@@ -59,16 +59,19 @@ def horovodrun(
 
 
 def results(out: subprocess.CompletedProcess) -> dict[int, dict]:
-    """RESULT lines by rank."""
+    """RESULT lines by rank. The output is put back into whole lines per rank first (hvdkit's
+    own Demux): MPI tags each piece a rank writes, and cuts a long line into pieces."""
+    from hvdkit.launch.console import Demux
+
+    demux = Demux()
+    pieces = demux.feed(out.stdout, "stdout") + demux.flush()
     by_rank = {}
     decoder = json.JSONDecoder()
-    text = out.stdout
-    start = text.find("RESULT ")
-    while start != -1:
-        # raw_decode: MPI's tagged output can put another rank's text right after the JSON.
-        value, _ = decoder.raw_decode(text, start + len("RESULT "))
-        by_rank[value["rank"]] = value
-        start = text.find("RESULT ", start + 1)
+    for piece in pieces:
+        start = piece.text.find("RESULT ")
+        if start != -1:
+            value, _ = decoder.raw_decode(piece.text, start + len("RESULT "))
+            by_rank[value["rank"]] = value
     return by_rank
 
 

@@ -58,3 +58,16 @@ def test_a_pytorch_job_imports_no_tensorflow_anywhere():
     assert quiet.returncode == 0
     lines = check_console(quiet.stdout + quiet.stderr)
     assert lines[0].startswith("data: ")  # the program's first line is the first line shown
+
+
+def test_the_suites_result_reader_rejoins_a_line_mpi_cut():
+    """tests/conftest.results: MPI cuts a long line into tagged pieces, the tag inline."""
+    from conftest import results
+
+    whole = '{"rank": 1, "weights": [1.5, 2.5], "ok": true}'
+    text = (
+        '[1,0]<stdout>:RESULT {"rank": 0}\n'
+        f"[1,1]<stdout>:RESULT {whole[:25]}[1,0]<stdout>:noise\n[1,1]<stdout>:{whole[25:]}\n"
+    )
+    out = results(subprocess.CompletedProcess([], 0, text, ""))
+    assert out == {0: {"rank": 0}, 1: {"rank": 1, "weights": [1.5, 2.5], "ok": True}}

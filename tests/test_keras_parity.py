@@ -41,6 +41,7 @@ def test_horovod_keras_script_shapes_end_in_sync(keras_backend, controller):
             assert acc["y"][i] == pytest.approx([1.0 - updates * per_update, 2.0])
         assert acc["iterations"] == list(range(1, 11))  # passes, as Horovod counts them
         assert acc["allreduces"] == 2  # once per update (passes 4 and 8), as Horovod reduces
+        assert acc["pending"] == 10 % 4
     # fit() against one process on the global batches; 8 steps per rank.
     for label, allreduces in (("accumulate", 4), ("groups4", 8 * 4), ("groups_vars", 8 * 4)):
         fit = r[0][f"fit_{label}"]
@@ -50,6 +51,8 @@ def test_horovod_keras_script_shapes_end_in_sync(keras_backend, controller):
     assert r[0]["get_gradients"] == r[1]["get_gradients"] == 1.0  # 0 + 1, reduced once
     assert [r[k]["process_set_set0"] for k in (0, 1)] == [0.0, 1.0]  # rank 1 is not in {0}
     assert [r[k]["process_set_set1"] for k in (0, 1)] == [0.0, 1.0]  # each set of one keeps its own
+    shared, local = r[0]["partial"], r[1]["partial"]
+    assert shared["a"] == local["a"] and shared["b"] == local["b"] and shared["c"] != local["c"]
     if keras_backend == "tensorflow":
         assert r[0]["compute_gradients"] == r[1]["compute_gradients"] == 3.0
 

@@ -81,3 +81,42 @@ def test_distributed_optimizer_takes_horovods_signature():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="only supported with op=Average"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Sum, gradient_predivide_factor=2)
+
+
+def test_fused_groups_follow_horovods_rules():
+    from hvdkit.keras.backend import dense_groups, split_evenly
+
+    assert split_evenly(list(range(6)), 4) == [[0, 1], [2, 3], [4], [5]]  # longer runs first
+    assert split_evenly([0, 1], 3) == [[0], [1]]  # no empty group
+    assert dense_groups([0, 1, 2, 3], None) == [[0, 1, 2, 3]]
+    assert dense_groups([], None) == []
+    # Listed together stay together; a sparse (non-dense) index is dropped; the rest alone.
+    assert dense_groups([0, 1, 3, 4], [[4, 0, 2], [1, 1]]) == [[4, 0], [1], [3]]
+
+
+def test_groups_are_checked_like_horovods():
+    import hvdkit.keras as hvd
+
+    v, w = keras.Variable([1.0]), keras.Variable([2.0])
+    for bad in (0, -1, 1.5, "2", [v]):
+        with pytest.raises(ValueError, match="groups"):
+            hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=bad)
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(), num_groups=3)
+    assert opt._hvdkit_options.groups == 3
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=[[v, w]], device_dense="/cpu:0")
+    assert opt._hvdkit_options.groups == ((id(v), id(w)),)
+    assert opt._hvdkit_options.device_dense == "/cpu:0"
+
+
+def test_accumulation_refuses_loss_scaling_and_get_gradients_says_what_to_do():
+    import hvdkit.keras as hvd
+
+    with pytest.raises(ValueError, match="LossScaleOptimizer"):
+        hvd.DistributedOptimizer(
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), backward_passes_per_step=2
+        )
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD())
+    with pytest.raises(AttributeError, match="apply_gradients"):
+        opt.get_gradients(None, [])
+    assert opt._agg_helper is None  # Horovod's, without accumulation

@@ -1,6 +1,7 @@
 """Horovod's Keras API for Keras 3, on the TensorFlow and PyTorch backends.
 
     import hvdkit.keras as hvd   # was: import horovod.tensorflow.keras as hvd
+                                 #  or: import horovod.keras as hvd
 
 Set ``KERAS_BACKEND`` (``tensorflow`` or ``torch``) before the first ``import keras``; the
 matching Horovod ops serve it. Models must be compiled with ``jit_compile=False`` on the
@@ -23,7 +24,7 @@ from hvdkit import rank_zero
 from hvdkit.keras import backend, callbacks, collectives
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.layers import SyncBatchNormalization
-from hvdkit.keras.optimizer import DistributedOptimizer
+from hvdkit.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from hvdkit.keras.session import setup
 
 
@@ -104,6 +105,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DistributedOptimizer",
+    "PartialDistributedOptimizer",
     "SyncBatchNormalization",
     "allgather",
     "allreduce",

@@ -92,13 +92,9 @@ def allreduce_list(
     (Horovod's rule for gradients)."""
     hvd = horovod()
     kwargs: dict[str, Any] = {} if process_set is None else {"process_set": process_set}
-    out = list(tensors)
+    out = densify(tensors) if sparse_as_dense else list(tensors)
     if process_set is not None and not (process_set.included() and process_set.size() > 1):
         return out
-    if sparse_as_dense:
-        import tensorflow as tf
-
-        out = [tf.convert_to_tensor(t) if _is_sparse(t) else t for t in out]
     dense = [i for i, t in enumerate(out) if t is not None and not _is_sparse(t)]
     sparse = [i for i, t in enumerate(out) if _is_sparse(t)]
     reduction = reduce_op(op)
@@ -128,6 +124,15 @@ def allreduce_list(
     return out
 
 
+def densify(tensors: list[Any]) -> list[Any]:
+    """``tensors`` with each sparse one (TensorFlow ``IndexedSlices``) made dense."""
+    if not any(_is_sparse(t) for t in tensors):
+        return list(tensors)
+    import tensorflow as tf
+
+    return [tf.convert_to_tensor(t) if _is_sparse(t) else t for t in tensors]
+
+
 def dense_groups(dense: list[int], groups: list[list[int]] | None) -> list[list[int]]:
     """The fused groups for the dense indices ``dense``: ``groups`` with the indices that are
     not dense dropped, then each dense index in no group alone (Horovod's rule for groups of
@@ -138,8 +143,11 @@ def dense_groups(dense: list[int], groups: list[list[int]] | None) -> list[list[
     placed: set[int] = set()
     out = []
     for group in groups:
-        members = [i for i in group if i in wanted and i not in placed]
-        placed.update(members)
+        members = []
+        for i in group:
+            if i in wanted and i not in placed:
+                placed.add(i)
+                members.append(i)
         if members:
             out.append(members)
     return out + [[i] for i in dense if i not in placed]

@@ -141,6 +141,9 @@ def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
     refuse_xla()
     base = type(self)._hvdkit_base
     grads = list(grads)
+    if self._hvdkit_options.sparse_as_dense:
+        # Before Keras accumulates them, as Horovod densifies before its aggregation.
+        grads = backend.densify(grads)
     if self.__dict__.pop("_hvdkit_reduced", False):
         # From compute_gradients/get_gradients: reduced already.
         return base.apply(self, grads, trainable_variables)
@@ -240,6 +243,18 @@ def _iterations(self: Any) -> Any:
     return self._iterations
 
 
+class _AggregationCounter:
+    """What scripts (and Horovod's own tests) read of Horovod's ``optimizer._agg_helper``:
+    ``counter``, the backward passes since the last update."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self._optimizer = optimizer
+
+    @property
+    def counter(self) -> Any:
+        return self._optimizer._iterations % self._optimizer.gradient_accumulation_steps
+
+
 def _register_local_var(self: Any, var: Any) -> None:
     """Horovod's ``register_local_var``: ``var``'s gradient stays this rank's own (not
     reduced); with ``scale_local_gradients`` it is divided by the number of ranks."""
@@ -265,6 +280,7 @@ def distributed_class(base: type, options: Options) -> type:
             "_hvdkit_base": base,
             "_hvdkit_options": options,
             WRAPPED: True,
+            "_agg_helper": None,  # Horovod's, without accumulation
             "apply": _apply,
             "compute_gradients": _public_compute_gradients,
             "_compute_gradients": _compute_gradients,
@@ -276,6 +292,7 @@ def distributed_class(base: type, options: Options) -> type:
             namespace["iterations"] = property(_iterations)
             namespace["_backend_apply_gradients"] = _backend_apply_gradients
             namespace["_clip_gradients"] = _clip_gradients
+            namespace["_agg_helper"] = property(_AggregationCounter)
         _CLASSES[key] = type(base.__name__, (base,), namespace)
     return _CLASSES[key]
 
@@ -387,3 +404,46 @@ def _checked_groups(num_groups: int, groups: Any) -> int | tuple[tuple[int, ...]
             "allreduces) or a list of lists of variables"
         )
     return groups
+
+
+def PartialDistributedOptimizer(  # noqa: N802 - Horovod's public name
+    optimizer: keras.optimizers.Optimizer,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = None,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = None,
+    groups: Any = None,
+    process_set: Any = None,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> keras.optimizers.Optimizer:
+    """Horovod's ``PartialDistributedOptimizer`` (``horovod.keras``): a
+    :func:`DistributedOptimizer` whose ``local_layers`` (a layer or a list of layers) keep
+    their gradients to this rank (each registered with ``register_local_var``; scaled by
+    1 / size when ``scale_local_gradients``).
+
+    Example::
+
+        opt = hvd.PartialDistributedOptimizer(keras.optimizers.Adam(), local_layers=[head])
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    else:
+        local_layers = list(local_layers)
+        if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+            raise ValueError("local_layers: every local layer must be a keras.layers.Layer")
+    opt = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
