@@ -12,8 +12,11 @@ SWEEP_LOAD ?= 2
 SWEEP_ARGS ?= -m multiprocess
 # What Horovod is built with; docker/Dockerfile.gpu passes its own (NCCL, CUDA arch).
 BUILD_FLAGS ?= --frameworks torch,tensorflow --controllers gloo,mpi
+# The linters `make lint` runs (CI too), pinned so that a new release cannot fail a build.
+LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
+LINT_STAMP := $(VENV)/.hvdkit-lint
 
-.PHONY: setup run test test-fast sweep doctor clean
+.PHONY: setup run test test-fast lint sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
@@ -38,6 +41,16 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff (style, imports, bugs) and mypy (types) over the package; settings in pyproject.toml.
+lint: setup $(LINT_STAMP)
+	$(BIN)/ruff check hvdkit
+	$(BIN)/ruff format --check hvdkit
+	$(BIN)/mypy hvdkit
+
+$(LINT_STAMP): Makefile
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(LINT_TOOLS)
+	touch $(LINT_STAMP)
 
 sweep: setup
 	$(BIN)/python tests/sweep.py --runs $(SWEEP_RUNS) --load $(SWEEP_LOAD) -- $(SWEEP_ARGS)

@@ -48,7 +48,7 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         os.close(dir_fd)
 
 
-def atomic_write(path: Path | str, write: Callable[[BinaryIO], None]) -> Path:
+def atomic_write(path: Path | str, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(fileobj)`` into a temporary file beside ``path`` and rename it to ``path``
     (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:

@@ -9,9 +9,30 @@ applied on top of whatever LR the user's own scheduler sets, so both compose.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 LR_POLICIES = ("size", "local_size", "none")
+
+
+def ramp(
+    step: Any,
+    steps: int,
+    start: float,
+    offset: int = 0,
+    minimum: Callable[[Any, float], Any] = min,
+) -> Any:
+    """The warmup ramp, one formula for every LR path (torch's step multiplier, the Keras
+    schedule and the Keras warmup callback): ``start + (1 - start) * progress``, where progress
+    is ``(step + offset) / steps`` capped at 1, and 1 from the start when ``steps`` is 0.
+    ``offset=1`` is Horovod's warmup, which reaches the full value on the last warmup step.
+    ``step`` may be a framework tensor (pass the framework's ``minimum``), so the Keras
+    schedule computes it inside the compiled step.
+
+    Example: ``ramp(2, steps=4, start=0.5) == 0.75``."""
+    progress = 1.0 if steps == 0 else minimum((step + offset) / steps, 1.0)
+    return start + (1.0 - start) * progress
 
 
 def scale_factor(policy: str, size: int, local_size: int) -> float:
@@ -46,9 +67,7 @@ class Warmup:
 
     def multiplier(self, step: int) -> float:
         """The multiplier in force for optimizer step ``step`` (0-based)."""
-        if self.steps == 0 or step >= self.steps:
-            return self.factor
-        return 1.0 + (self.factor - 1.0) * step / self.steps
+        return self.factor * ramp(step, self.steps, start=1.0 / self.factor)
 
 
 def warmup_steps(*, epochs: float = 0.0, steps: int = 0, steps_per_epoch: int | None = None) -> int:

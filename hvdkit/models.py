@@ -6,6 +6,8 @@ convolution and no max-pool, so 28x28 inputs are not shrunk away in the stem.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -74,7 +76,11 @@ def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
 
 
 def _resnet(
-    block: type, layers: list[int], classes: int, in_channels: int, small_input: bool
+    block: type[_Basic] | type[_Bottleneck],
+    layers: list[int],
+    classes: int,
+    in_channels: int,
+    small_input: bool,
 ) -> nn.Module:
     if small_input:
         stem = [nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(True)]
@@ -106,4 +112,9 @@ def resnet50(classes: int = 1000, in_channels: int = 3, small_input: bool = Fals
     return _resnet(_Bottleneck, [3, 4, 6, 3], classes, in_channels, small_input)
 
 
-MODELS = {"cnn": cnn, "mlp": mlp, "resnet18": resnet18, "resnet50": resnet50}
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "cnn": cnn,
+    "mlp": mlp,
+    "resnet18": resnet18,
+    "resnet50": resnet50,
+}

@@ -138,3 +138,17 @@ def test_atomic_path_keeps_suffix_and_cleans_up(tmp_path):
         raise RuntimeError("crash mid-save")
     assert target.read_bytes() == b"w"
     assert [p.name for p in target.parent.iterdir()] == ["model.weights.h5"]
+
+
+def test_one_ramp_serves_every_lr_path():
+    from hvdkit.lr import Warmup, ramp
+
+    assert [ramp(s, 4, 0.5) for s in range(6)] == [0.5, 0.625, 0.75, 0.875, 1.0, 1.0]
+    assert [ramp(s, 4, 0.5, offset=1) for s in range(4)] == [0.625, 0.75, 0.875, 1.0]  # Horovod's
+    assert ramp(0, 0, 0.25) == 1.0  # no warmup: the full value from the first step
+    assert [Warmup(factor=4.0, steps=4).multiplier(s) for s in (0, 2, 4, 9)] == [1.0, 2.5, 4.0, 4.0]
+    assert Warmup(factor=3.0).multiplier(0) == 3.0
+    # With a framework's minimum on a tensor step (the Keras schedule's way).
+    import numpy as np
+
+    assert float(ramp(np.float32(2.0), 4, 0.5, minimum=np.minimum)) == 0.75

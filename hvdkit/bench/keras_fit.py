@@ -11,6 +11,7 @@ line ``hvdkit bench`` reads.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -121,7 +122,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for model in models.values():
         timed(model)  # traces the step, builds the optimizer
     # ABBA order, so a drift in machine speed does not favour the one measured first.
-    rates = timed_rounds({name: (lambda m=m: timed(m)) for name, m in models.items()}, args.rounds)
+    rates = timed_rounds(
+        {name: functools.partial(timed, m) for name, m in models.items()}, args.rounds
+    )
     # Rates on this kind of machine jump between levels from round to round, so the ratio is
     # taken within each round (both variants side by side) and its median reported.
     result = {name: statistics.median(values) for name, values in rates.items()}

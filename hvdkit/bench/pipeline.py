@@ -14,7 +14,7 @@ import time
 
 MEAN = (0.485, 0.456, 0.406)  # the ImageNet statistics every torchvision recipe uses
 STD = (0.229, 0.224, 0.225)
-CONFIGS = {
+CONFIGS: dict[str, dict[str, object]] = {
     "main process": {"num_workers": 0},
     "workers": {"num_workers": "W"},
     "workers + pin_memory": {"num_workers": "W", "pin_memory": True},

@@ -108,7 +108,7 @@ def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
                         ("--sizes", sizes, *quick), 1))  # fmt: skip
         for np in (n for n in config.nps if n > 1):
             for i, controller in enumerate(controllers):
-                extra = ("--torch-dist",) if i == 0 else ()  # once per world size
+                extra: tuple[str, ...] = ("--torch-dist",) if i == 0 else ()  # once per np
                 extra += ("--mpi4py",) if controller == "mpi" else ()
                 jobs.append(Job("allreduce", f"allreduce np={np} {controller}",
                                 "hvdkit.bench.allreduce", ("--sizes", sizes, *extra, *quick),

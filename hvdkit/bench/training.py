@@ -46,7 +46,7 @@ class Variant:
         extra = {} if model_name == "mlp" else {"in_channels": channels}
         model = MODELS[model_name](classes=10, **extra).to(device)
         if channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # not in its stubs
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if kind.startswith("hvdkit"):
             session = hvdkit_torch.setup(model, optimizer)  # the six steps, no checkpoint
@@ -70,7 +70,7 @@ class Variant:
         self.y = torch.randint(0, 10, (batch_size,), generator=generator).to(device)
 
     def step(self) -> None:
-        import torch.nn.functional as F
+        import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
         self.optimizer.zero_grad()
         with self.autocast():

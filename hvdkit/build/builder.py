@@ -235,7 +235,7 @@ def build_horovod(cfg: BuildConfig, log: Log = print, force: bool = False) -> Bu
         workdir = Path(tmp)
         build_env = make_recipe(env, cfg, remedies, dict(os.environ)).materialize(workdir)
         built = _compile(sdist, build_env, workdir / "dist", log_path, log)
-        metadata = {
+        metadata: dict[str, object] = {
             "key": key,
             "inputs": cache_inputs(env, cfg),
             "remedies": [r.key for r in remedies],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 
 
 def installed(package: str) -> bool:
@@ -17,7 +18,7 @@ def installed(package: str) -> bool:
     return out.returncode == 0 and "install ok installed" in out.stdout
 
 
-def apt_install(packages: list[str], log: callable = print) -> None:
+def apt_install(packages: list[str], log: Callable[[str], None] = print) -> None:
     """``apt-get install`` the missing ones among ``packages``; runs ``apt-get update`` once
     only when something is missing. Raises RuntimeError naming the packages on failure."""
     missing = [p for p in packages if not installed(p)]

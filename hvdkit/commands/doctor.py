@@ -4,9 +4,14 @@ check with the fix under each failure; exits non-zero if anything failed."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hvdkit.commands.run import add_ssh_options
 from hvdkit.doctor.checks import FAIL, SKIP, Check
+
+if TYPE_CHECKING:
+    from hvdkit.doctor.checks import BuildMatrix
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +67,9 @@ def doctor_command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _cluster_checks(args: argparse.Namespace, matrix: object, emit: object) -> None:
+def _cluster_checks(
+    args: argparse.Namespace, matrix: BuildMatrix | None, emit: Callable[[Check], None]
+) -> None:
     from hvdkit.doctor import checks, remote
     from hvdkit.launch.hostfile import HostfileError, parse_hostfile
 

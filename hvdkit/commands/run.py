@@ -71,7 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="start nothing; print the command, rank map and environment",
     )
     parser.add_argument("--json", action="store_true", help="with --dry-run: print JSON")
-    parser.add_argument("--verbose", action="store_true", help="horovodrun's verbose output, and the frameworks' start-up logging hvdkit otherwise drops")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="horovodrun's verbose output, and the frameworks' start-up logging hvdkit otherwise "
+        "drops",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     parser.set_defaults(func=run_command)
 

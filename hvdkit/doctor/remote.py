@@ -28,7 +28,7 @@ def collect() -> dict:
     from hvdkit import __version__
     from hvdkit.build.probe import dist_version
 
-    versions = {"Python": platform.python_version(), "hvdkit": __version__}
+    versions: dict[str, str | None] = {"Python": platform.python_version(), "hvdkit": __version__}
     versions["Horovod"] = dist_version("horovod")
     for dist, name in FRAMEWORK_NAMES.items():
         versions[name] = dist_version(dist, f"{dist}-cpu")

@@ -37,9 +37,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     begins if the model is built by then (so the first step starts in sync too), turns XLA off
     (Horovod's ops have none) and runs hvdkit's sync guard (:mod:`hvdkit.sync`): after the
     second batch and at each epoch end, ranks whose trainable or optimizer variables differ stop
-    with an error naming the variable (``check_sync=False`` or ``HVDKIT_SYNC_CHECK=0`` turns it off). ``local_variables``
-    (and :meth:`register_local_var`) are neither broadcast nor checked. ``device`` is accepted
-    for compatibility; Horovod's ops run where the variable lives.
+    with an error naming the variable (``check_sync=False`` or ``HVDKIT_SYNC_CHECK=0`` turns it
+    off). ``local_variables`` (and :meth:`register_local_var`) are neither broadcast nor
+    checked. ``device`` is accepted for compatibility; Horovod's ops run where the variable
+    lives.
     """
 
     def __init__(

@@ -54,7 +54,9 @@ def allgather(value: Any, name: str | None = None, *, process_set: Any = None) -
     return backend.horovod().allgather(_tensor(value), name=name, **_set(process_set))
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None, *, process_set: Any = None) -> Any:
+def broadcast(
+    value: Any, root_rank: int, name: str | None = None, *, process_set: Any = None
+) -> Any:
     """``root_rank``'s ``value`` on every rank."""
     return backend.horovod().broadcast(_tensor(value), root_rank, name=name, **_set(process_set))
 

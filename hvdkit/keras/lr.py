@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+from keras.optimizers.schedules import LearningRateSchedule as Schedule
 
 from hvdkit import rank_zero
 from hvdkit.keras import backend
-
-Schedule = keras.optimizers.schedules.LearningRateSchedule
+from hvdkit.lr import ramp
 
 
 def _value(inner: Any, step: Any) -> Any:
@@ -48,11 +48,11 @@ class WarmupSchedule(Schedule):
         self.start, self.scale, self.offset = start, scale, offset
 
     def __call__(self, step: Any) -> Any:
-        progress = keras.ops.minimum(
-            (keras.ops.cast(step, "float32") + self.offset) / max(1, self.warmup_steps), 1.0
-        )
-        ramp = self.start + (1.0 - self.start) * progress
-        return _value(self.inner, step) * (self.scale * ramp)
+        share = ramp(
+            keras.ops.cast(step, "float32"), self.warmup_steps, self.start, self.offset,
+            minimum=keras.ops.minimum,
+        )  # fmt: skip
+        return _value(self.inner, step) * (self.scale * share)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> WarmupSchedule:
@@ -176,11 +176,12 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._schedule:
             return
+        assert self.steps_per_epoch is not None and self.initial_lr is not None  # train begin
+        assert self.start is not None
         step = self._epoch * self.steps_per_epoch + batch
         if step + self.offset <= self.warmup_steps:  # the last one sets the full LR
-            progress = (step + self.offset) / self.warmup_steps
-            self.model.optimizer.learning_rate = self.initial_lr * (
-                self.start + (1.0 - self.start) * progress
+            self.model.optimizer.learning_rate = self.initial_lr * ramp(
+                step, self.warmup_steps, self.start, self.offset
             )
             if self.verbose and step + self.offset == self.warmup_steps:
                 rank_zero.print0(
@@ -250,12 +251,14 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             if batch == 0:
                 self._set(self.multiplier(self._epoch))
         else:
+            assert self.steps_per_epoch is not None  # set at train begin
             self._set(self.multiplier(self._epoch + batch / self.steps_per_epoch))
 
     def _set(self, multiplier: float) -> None:
         if self._scaled is not None:
             self._scaled.multiplier.assign(float(multiplier))
         else:
+            assert self.initial_lr is not None  # set at train begin
             self.model.optimizer.learning_rate = self.initial_lr * multiplier
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -96,8 +96,9 @@ def _reduce(self: Any, grads: list[Any], variables: list[Any]) -> list[Any]:
     """``grads`` (paired with ``variables``) reduced over the ranks, but for the registered
     local variables' (scaled by 1 / size when ``scale_local_gradients``)."""
     options: Options = self._hvdkit_options
-    local = getattr(self, "_hvdkit_local_vars", set())
+    local: set[int] = getattr(self, "_hvdkit_local_vars", set())
     shared = [i for i in range(len(grads)) if i >= len(variables) or id(variables[i]) not in local]
+    shared_vars = [variables[i] if i < len(variables) else None for i in shared]
     reduced = backend.allreduce_list(
         [grads[i] for i in shared],
         op=options.op,
@@ -106,7 +107,7 @@ def _reduce(self: Any, grads: list[Any], variables: list[Any]) -> list[Any]:
         predivide=options.gradient_predivide_factor,
         sparse_as_dense=options.sparse_as_dense,
         process_set=options.process_set,
-        groups=_groups(options.groups, [variables[i] if i < len(variables) else None for i in shared]),
+        groups=_groups(options.groups, shared_vars),
         device_dense=options.device_dense,
         device_sparse=options.device_sparse,
     )
@@ -115,9 +116,7 @@ def _reduce(self: Any, grads: list[Any], variables: list[Any]) -> list[Any]:
         grads[i] = grad
     if local and options.scale_local_gradients:
         size = _set_size(options.process_set)
-        grads = [
-            g / size if g is not None and i not in shared else g for i, g in enumerate(grads)
-        ]
+        grads = [g / size if g is not None and i not in shared else g for i, g in enumerate(grads)]
     return grads
 
 
@@ -263,7 +262,7 @@ def _register_local_var(self: Any, var: Any) -> None:
     self._hvdkit_local_vars.add(id(var))
 
 
-def _from_config(cls: type, config: dict[str, Any], custom_objects: Any = None) -> Any:
+def _from_config(cls: Any, config: dict[str, Any], custom_objects: Any = None) -> Any:
     # The base class's from_config builds cls(**config): an instance of this subclass, so a
     # distributed optimizer rebuilt from its config still reduces gradients.
     return cls._hvdkit_base.from_config.__func__(cls, config, custom_objects=custom_objects)

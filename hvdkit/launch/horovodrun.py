@@ -55,7 +55,7 @@ def _answer_build_checks_from_the_record() -> None:
 
 def main() -> int:
     sys.argv[0] = "horovodrun"
-    os.execve = _run_instead_of_exec
+    os.execve = _run_instead_of_exec  # type: ignore[assignment]  # narrower, for horovodrun only
     _answer_build_checks_from_the_record()
     code = 0
     try:

@@ -69,6 +69,7 @@ class LaunchPlan:
     def rank_env(self, slot: RankSlot) -> dict[str, str]:
         """The variables one rank sees besides the launcher's own environment: Horovod's under
         Gloo, Open MPI's under MPI."""
+        placement: dict[str, object]
         if self.controller == "mpi":
             placement = {
                 "OMPI_COMM_WORLD_RANK": slot.rank,

@@ -85,8 +85,10 @@ class Console:
             return
         if not piece.progress:
             self.output.record(piece.rank, piece.stream, piece.text)
-        if piece.rank is None and piece.stream == "stderr" and (
-            self.held or piece.text.startswith("Traceback (most recent call last)")
+        if (
+            piece.rank is None
+            and piece.stream == "stderr"
+            and (self.held or piece.text.startswith("Traceback (most recent call last)"))
         ):
             self.held.append(piece.text + "\n")
             return
@@ -157,7 +159,10 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
     done = [threading.Event(), threading.Event()]
     pumps = [
         threading.Thread(target=_pump, args=(_text(pipe), name, console, event), daemon=True)
-        for pipe, name, event in ((proc.stdout, "stdout", done[0]), (proc.stderr, "stderr", done[1]))
+        for pipe, name, event in (
+            (proc.stdout, "stdout", done[0]),
+            (proc.stderr, "stderr", done[1]),
+        )
     ]
     for pump in pumps:
         pump.start()

@@ -13,6 +13,14 @@ works on CPU (Horovod's needs a GPU).
 
 from horovod.torch import (
     Adasum,
+    Average,
+    Compression,
+    HorovodInternalError,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
     add_process_set,
     allgather,
     allgather_async,
@@ -23,7 +31,6 @@ from horovod.torch import (
     allreduce_async_,
     alltoall,
     alltoall_async,
-    Average,
     barrier,
     broadcast,
     broadcast_,
@@ -32,7 +39,6 @@ from horovod.torch import (
     broadcast_object,
     ccl_built,
     check_extension,
-    Compression,
     cross_rank,
     cross_size,
     cuda_built,
@@ -48,21 +54,16 @@ from horovod.torch import (
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
-    HorovodInternalError,
     init,
     is_initialized,
     join,
     local_rank,
     local_size,
-    Max,
-    Min,
     mpi_built,
     mpi_enabled,
     mpi_threads_supported,
     nccl_built,
     poll,
-    ProcessSet,
-    Product,
     rank,
     reducescatter,
     reducescatter_async,
@@ -73,14 +74,13 @@ from horovod.torch import (
     sparse_allreduce_async,
     start_timeline,
     stop_timeline,
-    Sum,
     synchronize,
 )
 
 from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from hvdkit.torch.optimizer import DistributedOptimizer, backward_and_step
-from hvdkit.torch.sync_batch_norm import SyncBatchNorm
 from hvdkit.torch.session import Session, setup
+from hvdkit.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",

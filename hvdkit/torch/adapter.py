@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import horovod.torch as hvd
 import numpy as np
@@ -27,7 +27,8 @@ _COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
 def rng_state() -> dict[str, Any]:
     """This process's RNG states in a form ``torch.load(weights_only=True)`` accepts."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True))
+    kind, keys, pos, has_gauss, gauss = state
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -104,7 +105,7 @@ class TorchAdapter(Adapter):
                     group["lr"] = lr
                 self.step_count += 1
 
-        self.optimizer.step = step
+        self.optimizer.step = step  # type: ignore[method-assign]  # this instance's only
 
     def _read_checkpoint(self, path: Path) -> dict[str, Any]:
         try:

@@ -22,7 +22,8 @@ def _named_tensors(params: Any) -> list[tuple[str, torch.Tensor]]:
     (``named_parameters()``) and/or bare tensors (``parameters()``), which keeps its order.
     Beyond Horovod: any iterable (a ``named_parameters()`` generator without ``list()``)."""
     if isinstance(params, Mapping):
-        return sorted(((k, v) for k, v in params.items() if torch.is_tensor(v)), key=lambda kv: kv[0])
+        tensors = [(k, v) for k, v in params.items() if torch.is_tensor(v)]
+        return sorted(tensors, key=lambda kv: kv[0])
     if isinstance(params, (str, bytes)) or not isinstance(params, Iterable):
         raise InvalidParamsError(
             f"invalid params of type {type(params).__name__}: expected a state_dict(), "

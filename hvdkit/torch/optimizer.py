@@ -92,7 +92,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
 
 def backward_and_step(
     loss: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Any,  # Horovod's DistributedOptimizer: a torch.optim.Optimizer built at run time
     *,
     scaler: torch.amp.GradScaler | None = None,
     clip_grad_norm: float | None = None,

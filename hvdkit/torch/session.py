@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import horovod.torch as hvd
 import torch
@@ -99,9 +99,10 @@ class Session:
         if not pad:
             if shuffle or drop_last:
                 raise ValueError("pad=False is for evaluation: use it with shuffle=False")
-            subset = Subset(dataset, range(self.rank, len(dataset), self.size))
+            rows = range(self.rank, len(cast(Sized, dataset)), self.size)  # a map-style dataset
+            subset = Subset(dataset, rows)
             return DataLoader(subset, batch_size=batch_size, shuffle=False, **loader_kwargs)
-        sampler = DistributedSampler(
+        sampler: DistributedSampler = DistributedSampler(
             dataset,
             num_replicas=self.size,
             rank=self.rank,

@@ -24,7 +24,7 @@ class SyncBatchNorm(_HorovodSyncBatchNorm):
         if hvd.size() == 1 or (not self.training and self.track_running_stats):
             return _BatchNorm.forward(self, input)
         if self.training and self.track_running_stats:
-            self.num_batches_tracked = self.num_batches_tracked + 1
+            self.num_batches_tracked = self.num_batches_tracked + 1  # type: ignore[has-type]
         # Half and bfloat16 inputs: statistics in float32, as torch's CPU kernel does.
         x = input if input.dtype in (torch.float32, torch.float64) else input.float()
         mean, var, n = _global_moments(x)
