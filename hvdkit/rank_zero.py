@@ -1,5 +1,5 @@
-"""Everything that happens on rank 0 only: printing, logging, progress bars, the checkpoint
-gate. User code and examples never need ``if hvd.rank() == 0``.
+"""Everything that happens on rank 0 only: printing, progress bars, and the rank the
+checkpoint gate and callbacks ask. User code and examples never need ``if hvd.rank() == 0``.
 
 The rank is set once by the adapter after ``init``; before that it is read from the launcher's
 environment (horovodrun, mpirun, srun), so module-level logging works too.
@@ -8,11 +8,8 @@ environment (horovodrun, mpirun, srun), so module-level logging works too.
 from __future__ import annotations
 
 import functools
-import logging
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from hvdkit import envvars
@@ -58,26 +55,6 @@ def print0(*args: Any, **kwargs: Any) -> None:
     print(*args, **{"flush": True, **kwargs})
 
 
-class _RankZeroFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.rank = rank()
-        return is_rank_zero() or record.levelno >= logging.WARNING
-
-
-def get_logger(name: str) -> logging.Logger:
-    """A logger that emits INFO/DEBUG on rank 0 only and warnings from every rank, each line
-    prefixed with ``[rank N]``."""
-    logger = logging.getLogger(name)
-    if not any(isinstance(f, _RankZeroFilter) for f in logger.filters):
-        logger.addFilter(_RankZeroFilter())
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[rank %(rank)s] %(levelname)s %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    return logger
-
-
 def progress(iterable: Iterable[T], **kwargs: Any) -> Iterator[T]:
     """A tqdm progress bar on rank 0 (plain iteration elsewhere, or without tqdm).
 
@@ -95,15 +72,3 @@ def progress(iterable: Iterable[T], **kwargs: Any) -> Iterator[T]:
             yield from tqdm(iterable, **options)
             return
     yield from iterable
-
-
-@contextmanager
-def rank_zero_first(barrier: Callable[[], None]) -> Iterator[None]:
-    """Rank 0 runs the body first (e.g. a data-set download or cache fill), the others after."""
-    if not is_rank_zero():
-        barrier()
-    try:
-        yield
-    finally:
-        if is_rank_zero():
-            barrier()

@@ -145,9 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"  ratio hvdkit / by hand: {result['ratio']:.3f} (median of per-round ratios; "
         f"best vs best {result['ratio_best']:.3f})"
     )
-    emit(
-        hvd.rank(),
-        {"backend": keras.config.backend(), "ranks": hvd.size(), "batch_size": args.batch_size,
+    emit({"backend": keras.config.backend(), "ranks": hvd.size(), "batch_size": args.batch_size,
          "threads": threads, "samples_per_s": rates},
     )  # fmt: skip
     return result

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    emit(0, {"sizes": sizes, "seconds": {"loopback TCP": tcp_seconds(sizes, args.quick),
+    emit({"sizes": sizes, "seconds": {"loopback TCP": tcp_seconds(sizes, args.quick),
                                          "memcpy": memcpy_seconds(sizes, args.quick)}})  # fmt: skip
 
 

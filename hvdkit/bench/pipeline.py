@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=30)
     args = parser.parse_args(argv)
-    emit(0, {"workers": args.workers, "batch_size": args.batch_size,
+    emit({"workers": args.workers, "batch_size": args.batch_size,
              "samples_per_s": run(args.workers, args.batch_size, args.batches)})  # fmt: skip
 
 

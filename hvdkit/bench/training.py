@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             "threads_pair": threads_pair,
             "grad_allreduce_s": gradient_allreduce_seconds(params) if hvd.size() > 1 else 0.0,
         }
-        emit(hvd.rank(), result)
+        emit(result)
     if "ddp" in variants:
         torch.distributed.destroy_process_group()
 

@@ -9,13 +9,15 @@ import sys
 import time
 from collections.abc import Callable
 
+from hvdkit import rank_zero
+
 MARKER = "HVDKIT_BENCH_RESULT "
 
 
-def emit(rank: int, result: dict) -> None:
+@rank_zero.rank_zero_only
+def emit(result: dict) -> None:
     """Rank 0 prints the result on one line that :func:`parse_results` finds in the output."""
-    if rank == 0:
-        print(MARKER + json.dumps(result, separators=(",", ":")), flush=True)
+    print(MARKER + json.dumps(result, separators=(",", ":")), flush=True)
 
 
 def parse_results(text: str) -> list[dict]:

@@ -17,8 +17,6 @@ import numpy as np
 
 from hvdkit.core import Topology, require_gpu_per_rank, threads_per_rank
 
-SUPPORTED = ("tensorflow", "torch")
-
 
 @functools.cache
 def horovod() -> ModuleType:

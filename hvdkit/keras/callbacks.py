@@ -136,7 +136,7 @@ class ProgbarLogger(keras.callbacks.ProgbarLogger):
 
     def set_params(self, params: dict) -> None:
         super().set_params(params)
-        if backend.horovod().rank() != 0:
+        if not rank_zero.is_rank_zero():
             self.verbose = 0
 
 
@@ -147,7 +147,7 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
     monitored value is the global one."""
 
     def _save_model(self, epoch: int, batch: int | None, logs: dict | None) -> None:
-        if backend.horovod().rank() != 0:
+        if not rank_zero.is_rank_zero():
             return
         filepath = self._get_file_path(epoch, batch, logs)
         if not self._should_save_model(epoch, batch, logs, filepath):

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass, field
 from hvdkit.launch.hostfile import Host
 
 CONTROLLERS = ("gloo", "mpi")
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
 # Set for MPI jobs unless the user sets them. Horovod's background thread runs a coordination
 # collective every cycle (1 ms), and Open MPI busy-polls while it waits; on a CPU host whose
