@@ -1,34 +1,46 @@
 """The six steps of data-parallel training with Horovod, in one place that owns their order.
 
+The steps, numbered as in the README and the examples:
+
+1. init Horovod, and learn where this process sits (:class:`Topology`);
+2. pin one GPU per process by local rank (on a CPU: a share of the cores);
+3. wrap the optimizer in Horovod's distributed optimizer;
+4. broadcast the initial state (model and optimizer) from rank 0;
+5. checkpoint on rank 0 only, atomically, and resume by reading the checkpoint on rank 0 and
+   broadcasting it (step 4 carries it: no shared filesystem needed);
+6. scale the LR by world size, with linear warmup (:mod:`hvdkit.lr`).
+
 Each framework adapter (``hvdkit.torch``, ``hvdkit.keras``) subclasses :class:`Adapter` and
-implements only the ``_``-prefixed hooks; :meth:`Adapter.setup` runs them in this order:
+implements only the ``_``-prefixed hooks. :meth:`Adapter.setup` runs them in the order
+1, 2, 3, 6, 5, 4: the LR is scaled (6) before resuming (5), because a checkpoint saved at
+another world size is rescaled to this one, and the broadcast (4) comes last so that it carries
+what rank 0 resumed. :meth:`Adapter.save_checkpoint` is step 5's other half: the rank-0 gate,
+the atomic write and the error every rank sees live here, the format in the adapter.
 
-1. ``_init`` Horovod, and learn the topology;
-2. ``_pin_device``: one GPU per process by local rank (or the CPU);
-3. ``_wrap_optimizer`` in Horovod's distributed optimizer;
-4. resume: rank 0 reads the checkpoint (``_read_checkpoint``) if there is one;
-5. ``_broadcast_state`` from rank 0, so every rank starts from identical weights (those of the
-   checkpoint when resuming: no shared filesystem needed);
-6. the LR scaled by world size with linear warmup (:mod:`hvdkit.lr`), applied by the adapter
-   at each optimizer step (:meth:`Adapter.lr_multiplier`).
-
-Saving is gated here as well: only rank 0 writes, atomically (:mod:`hvdkit.checkpoint`).
+"The LR" means the same in both adapters: the single-process LR the user gives the optimizer
+(and any schedule computes); hvdkit multiplies it by the warmup multiplier. Where the
+multiplied value lives differs by framework: PyTorch's ``param_groups`` keep the user's LR and
+the multiplier is applied around each step (so LR schedulers keep composing); Keras's optimizer
+holds the multiplied LR (a schedule is wrapped so that it is computed inside the compiled
+step), so Keras callbacks such as ``ReduceLROnPlateau`` act on the LR in force.
 """
 
 from __future__ import annotations
 
 import abc
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from hvdkit import rank_zero
 from hvdkit.checkpoint import CheckpointError
-from hvdkit.lr import LR_POLICIES, Warmup, scale_factor, warmup_steps
+from hvdkit.lr import LR_POLICIES, LrScaling, Warmup, scale_factor, warmup_steps
 
-OPS = ("average", "sum", "adasum")
-COMPRESSIONS = ("none", "fp16")
+ReduceOp = Literal["average", "sum", "adasum"]
+CompressionName = Literal["none", "fp16"]
+OPS: tuple[str, ...] = get_args(ReduceOp)
+COMPRESSIONS: tuple[str, ...] = get_args(CompressionName)
 
 
 class RootRankError(RuntimeError):
@@ -45,28 +57,10 @@ class Topology:
     local_size: int
     cross_rank: int
 
-
-def cores_per_process(processes: int) -> int:
-    """This host's cores shared out among ``processes`` (at least one each)."""
-    return max(1, len(os.sched_getaffinity(0)) // processes)
-
-
-def threads_per_rank(topology: Topology) -> int:
-    """CPU threads for one process: its share of this host's cores, so the ranks on a host do
-    not all fight for every core."""
-    return cores_per_process(topology.local_size)
-
-
-def require_gpu_per_rank(topology: Topology, visible_gpus: int) -> None:
-    """Raise when this host runs more processes than it has GPUs: NCCL refuses two ranks on
-    one GPU, and sharing one would be slow anyway."""
-    if topology.local_rank >= visible_gpus:
-        raise RuntimeError(
-            f"rank {topology.rank}: this host runs {topology.local_size} processes but only "
-            f"{visible_gpus} GPU(s) are visible; one GPU per process is required. Fix: start at "
-            f"most {visible_gpus} processes per host (slots in the hostfile / -np), or check "
-            "CUDA_VISIBLE_DEVICES."
-        )
+    @classmethod
+    def of(cls, hvd: Any) -> Topology:
+        """The topology an initialised Horovod module (any framework's) reports."""
+        return cls(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,12 +73,12 @@ class SetupConfig:
     ``resume`` it is loaded on rank 0 and broadcast when it exists.
     """
 
-    lr_scaling: str = "size"
+    lr_scaling: LrScaling = "size"
     warmup_epochs: float = 0.0
     warmup_steps: int = 0
     steps_per_epoch: int | None = None
-    op: str = "average"
-    compression: str = "none"
+    op: ReduceOp = "average"
+    compression: CompressionName = "none"
     backward_passes_per_step: int = 1
     checkpoint: Path | None = None
     resume: bool = True
@@ -105,8 +99,39 @@ class SetupConfig:
         )
 
 
+class SetupOptions(TypedDict, total=False):
+    """The options both facades' ``setup()`` take as keywords: :class:`SetupConfig`'s fields
+    but ``checkpoint``, which the facades take as a path of any kind."""
+
+    lr_scaling: LrScaling
+    warmup_epochs: float
+    warmup_steps: int
+    steps_per_epoch: int | None
+    op: ReduceOp
+    compression: CompressionName
+    backward_passes_per_step: int
+    resume: bool
+    root_rank: int
+
+
+def start(init: Callable[[], Topology], pin_device: Callable[[Topology], None]) -> Topology:
+    """Steps 1 and 2: ``init`` Horovod, tell :mod:`hvdkit.rank_zero` the rank, ``pin_device``.
+    The one way into them, for :meth:`Adapter.setup` and for ``hvdkit.keras.init``."""
+    topology = init()
+    rank_zero.set_rank(topology.rank)
+    pin_device(topology)
+    return topology
+
+
 class Adapter(abc.ABC):
-    """Template for a framework adapter: :meth:`setup` owns the six steps and their order."""
+    """Template for a framework adapter: :meth:`setup` owns the six steps and their order.
+
+    ``FORMAT`` names the checkpoints the adapter writes (checked on resume, here);
+    ``FRAMEWORK`` and ``MODULE`` name them in messages."""
+
+    FORMAT: ClassVar[str]
+    FRAMEWORK: ClassVar[str]
+    MODULE: ClassVar[str]
 
     def __init__(self, config: SetupConfig) -> None:
         self.config = config
@@ -114,39 +139,66 @@ class Adapter(abc.ABC):
         self.warmup: Warmup | None = None
         self.resumed: dict[str, Any] | None = None
 
-    def setup(self) -> None:
-        """Run the six steps. Afterwards ``topology``, ``warmup`` and ``resumed`` (the extra
-        state of the checkpoint resumed from, or None) are set."""
-        cfg = self.config
-        self.topology = topo = self._init()
-        rank_zero.set_rank(topo.rank)
-        self._pin_device(topo)
-        factor = scale_factor(cfg.lr_scaling, topo.size, topo.local_size)
-        steps = warmup_steps(
-            epochs=cfg.warmup_epochs, steps=cfg.warmup_steps, steps_per_epoch=cfg.steps_per_epoch
-        )
-        self.warmup = Warmup(factor=factor, steps=steps)
-        self._wrap_optimizer()
-        self.resume()
+    @property
+    def is_root(self) -> bool:
+        """Whether this process is the root rank (the one that reads and writes checkpoints)."""
+        assert self.topology is not None, "call setup() first"
+        return self.topology.rank == self.config.root_rank
 
-    def resume(self) -> dict[str, Any] | None:
-        """Steps 4 and 5 (collective): rank 0 reads the checkpoint if there is one, then the
-        state is broadcast from it. Returns the checkpoint's extra state (None when fresh)."""
+    def setup(self, *, resume_only: bool = False) -> None:
+        """Run the six steps (see the module docstring for their order). Afterwards
+        ``topology``, ``warmup`` and ``resumed`` (the extra state of the checkpoint resumed
+        from, or None) are set.
+
+        ``resume_only``: steps 1, 5 and 4 only, for a callback joining a script that did the
+        rest itself (Horovod initialised, device pinned, optimizer wrapped, LR chosen)."""
         cfg = self.config
-        if self.topology is None:  # joining a job initialised elsewhere (e.g. a fit callback)
+        if resume_only:
             self.topology = self._init()
+        else:
+            self.topology = start(self._init, self._pin_device)
+            self._wrap_optimizer()
+            factor = scale_factor(cfg.lr_scaling, self.topology.size, self.topology.local_size)
+            steps = warmup_steps(
+                epochs=cfg.warmup_epochs,
+                steps=cfg.warmup_steps,
+                steps_per_epoch=cfg.steps_per_epoch,
+            )
+            self.warmup = Warmup(factor=factor, steps=steps)
+            self._scale_lr(self.warmup)
+        self._resume()
+
+    def _resume(self) -> None:
+        """Steps 5 and 4 (collective): rank 0 reads and applies the checkpoint if there is one,
+        then model and optimizer are broadcast from it, then what else it resumed."""
+        cfg = self.config
+        self._prepare_state()
         state, error = None, None
-        if cfg.resume and cfg.checkpoint is not None and self.topology.rank == cfg.root_rank:
-            if Path(cfg.checkpoint).exists():
+        if cfg.resume and cfg.checkpoint is not None and self.is_root:
+            path = Path(cfg.checkpoint)
+            if path.exists():
                 try:
-                    state = self._read_checkpoint(Path(cfg.checkpoint))
+                    state = self._read_checkpoint(path)
+                    self._check_format(path, state)
+                    self._load_checkpoint(state)
                 except CheckpointError as exc:
                     error = exc
-        self.raise_on_root_error(error)
-        self.resumed = self._broadcast_state(state)
-        return self.resumed
+        self._raise_on_root_error(error)
+        self._broadcast_state()
+        info = self._broadcast_object(self._resume_info(state) if state is not None else None)
+        self.resumed = None if info is None else self._apply_resume_info(info)
 
-    def raise_on_root_error(self, error: Exception | None) -> None:
+    def _check_format(self, path: Path, state: Any) -> None:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        if found != self.FORMAT:
+            raise CheckpointError(
+                path,
+                f"is not an hvdkit {self.FRAMEWORK} checkpoint (format {found!r}, expected "
+                f"{self.FORMAT!r})",
+                f"pass a checkpoint written by {self.MODULE}, or delete it to start fresh",
+            )
+
+    def _raise_on_root_error(self, error: Exception | None) -> None:
         """Collective: if rank 0 hit ``error``, raise it on every rank. Without this, rank 0
         would stop on a bad checkpoint while the others wait for it forever."""
         message = self._broadcast_object(str(error) if error is not None else None)
@@ -154,11 +206,6 @@ class Adapter(abc.ABC):
             raise error
         if message is not None:
             raise RootRankError(f"rank {self.config.root_rank} failed: {message}")
-
-    def lr_multiplier(self, step: int) -> float:
-        """The world-size LR multiplier for optimizer step ``step`` (after setup)."""
-        assert self.warmup is not None, "call setup() first"
-        return self.warmup.multiplier(step)
 
     def save_checkpoint(
         self, extra: dict[str, Any] | None = None, *, next_epoch: int = 0
@@ -168,9 +215,11 @@ class Adapter(abc.ABC):
         full) stops every rank instead of leaving them waiting. Returns the path on rank 0."""
         if self.config.checkpoint is None:
             raise ValueError("no checkpoint path was configured: pass checkpoint=PATH to setup")
-        state = self._gather_checkpoint_state(extra or {}, next_epoch)
+        extra = extra or {}
+        shared = self._gather_for_checkpoint(extra)
         path, error = None, None
-        if state is not None:
+        if self.is_root:
+            state = self._checkpoint_state(extra, next_epoch, shared)
             try:
                 path = self._write_checkpoint(Path(self.config.checkpoint), state)
             except OSError as exc:
@@ -179,41 +228,66 @@ class Adapter(abc.ABC):
                     f"cannot be written: {exc}",
                     "check free space and permissions of that directory",
                 )
-        self.raise_on_root_error(error)
+        self._raise_on_root_error(error)
         return path
 
-    # Hooks, in the order setup() calls them.
+    # Hooks, in the order setup() calls them, then save_checkpoint()'s.
     @abc.abstractmethod
     def _init(self) -> Topology:
-        """Initialise Horovod; return the topology."""
+        """Step 1: initialise Horovod (idempotent); return the topology
+        (:meth:`Topology.of`)."""
 
     @abc.abstractmethod
     def _pin_device(self, topology: Topology) -> None:
-        """Bind this process to one accelerator by local rank (or the CPU)."""
+        """Step 2: bind this process to one accelerator by local rank (or the CPU)."""
 
     @abc.abstractmethod
     def _wrap_optimizer(self) -> None:
-        """Wrap the optimizer so gradients are reduced across ranks."""
+        """Step 3: wrap the optimizer so gradients are reduced across ranks."""
 
     @abc.abstractmethod
-    def _read_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Rank 0: load ``path``; raise CheckpointError naming the file when it is unusable."""
+    def _scale_lr(self, warmup: Warmup) -> None:
+        """Step 6: apply ``warmup.multiplier(step)`` to the user's LR at each optimizer step."""
+
+    def _prepare_state(self) -> None:  # noqa: B027 - optional hook
+        """Every rank, before steps 5 and 4: make sure the state to load and broadcast exists
+        (Keras builds the optimizer's variables here); raise on every rank when it cannot."""
 
     @abc.abstractmethod
-    def _broadcast_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Apply ``state`` (rank 0's checkpoint, None elsewhere or when fresh) and broadcast
-        model and optimizer state from rank 0; return the checkpoint's extra state on every
-        rank (None when not resuming)."""
+    def _read_checkpoint(self, path: Path) -> Any:
+        """Step 5, rank 0: load ``path`` (its ``format`` is checked here after); raise
+        CheckpointError naming the file when it cannot be read."""
 
     @abc.abstractmethod
-    def _gather_checkpoint_state(
-        self, extra: dict[str, Any], next_epoch: int
-    ) -> dict[str, Any] | None:
-        """Collective: everything to save, returned on rank 0 (None on the other ranks);
-        resuming will start at ``next_epoch``."""
+    def _load_checkpoint(self, state: dict[str, Any]) -> None:
+        """Step 5, rank 0: put ``state`` into the model and optimizer; raise CheckpointError
+        when it does not fit them."""
 
     @abc.abstractmethod
-    def _write_checkpoint(self, path: Path, state: dict[str, Any]) -> Path:
+    def _broadcast_state(self) -> None:
+        """Step 4 (collective): model and optimizer state from the root rank to every rank."""
+
+    @abc.abstractmethod
+    def _resume_info(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0: what besides the weights every rank takes from the checkpoint (epoch,
+        step, the user's extra state...), as picklable values."""
+
+    @abc.abstractmethod
+    def _apply_resume_info(self, info: dict[str, Any]) -> dict[str, Any] | None:
+        """Every rank: take ``info`` (from :meth:`_resume_info`); return the user's extra
+        state."""
+
+    @abc.abstractmethod
+    def _gather_for_checkpoint(self, extra: dict[str, Any]) -> Any:
+        """Collective, every rank: check ``extra`` and gather what rank 0 needs from the
+        others (e.g. their RNG states); returned to rank 0's :meth:`_checkpoint_state`."""
+
+    @abc.abstractmethod
+    def _checkpoint_state(self, extra: dict[str, Any], next_epoch: int, gathered: Any) -> Any:
+        """Rank 0: everything to save; resuming will start at ``next_epoch``."""
+
+    @abc.abstractmethod
+    def _write_checkpoint(self, path: Path, state: Any) -> Path:
         """Rank 0: write ``state`` to ``path`` atomically."""
 
     @abc.abstractmethod

@@ -15,3 +15,12 @@ DATA_DIR = "HVDKIT_DATA_DIR"
 
 PROGRESS = "HVDKIT_PROGRESS"
 """``1`` shows rank 0's progress bars even when its output is not a terminal."""
+
+SYNC_CHECK = "HVDKIT_SYNC_CHECK"
+"""``0`` (or ``false``/``off``/``no``) turns the sync guard off (:mod:`hvdkit.sync`)."""
+
+BENCH_THREADS = "HVDKIT_BENCH_THREADS"
+"""Threads per rank in every ``hvdkit bench`` job (set by the bench for its workers)."""
+
+BENCH_MASTER = "HVDKIT_BENCH_MASTER"
+"""``host:port`` of the bench's torch.distributed rendezvous (set by the bench per job)."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
-LR_POLICIES = ("size", "local_size", "none")
+LrScaling = Literal["size", "local_size", "none"]
+LR_POLICIES: tuple[str, ...] = get_args(LrScaling)
 
 
 def ramp(

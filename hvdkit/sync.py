@@ -17,7 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-ENV = "HVDKIT_SYNC_CHECK"
+from hvdkit import envvars
+
+ENV = envvars.SYNC_CHECK
 RTOL = 1e-6
 """Relative tolerance: replicas on different CPUs may round differently in the last bits."""
 

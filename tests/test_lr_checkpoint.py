@@ -118,7 +118,8 @@ def test_print0_only_on_rank_zero(monkeypatch, capsys):
 
 
 def test_more_ranks_than_gpus_is_a_clear_error():
-    from hvdkit.core import Topology, require_gpu_per_rank
+    from hvdkit.core import Topology
+    from hvdkit.devices import require_gpu_per_rank
 
     require_gpu_per_rank(Topology(rank=5, size=8, local_rank=1, local_size=2, cross_rank=2), 2)
     with pytest.raises(RuntimeError, match="runs 4 processes but only 2 GPU"):
@@ -152,3 +153,17 @@ def test_one_ramp_serves_every_lr_path():
     import numpy as np
 
     assert float(ramp(np.float32(2.0), 4, 0.5, minimum=np.minimum)) == 0.75
+
+
+def test_the_facades_typed_options_are_setup_configs_fields():
+    import dataclasses
+    import typing
+
+    from hvdkit.core import SetupConfig, SetupOptions
+
+    fields = {f.name for f in dataclasses.fields(SetupConfig)} - {"checkpoint"}
+    assert set(SetupOptions.__annotations__) == fields
+    hints = typing.get_type_hints(SetupConfig)
+    assert typing.get_args(hints["op"]) == ("average", "sum", "adasum")
+    with pytest.raises(ValueError, match="op='max'"):
+        SetupConfig(op="max")  # type: ignore[arg-type]  # what an untyped caller can still pass

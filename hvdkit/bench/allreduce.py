@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from hvdkit import envvars
 from hvdkit.bench.worker import clock, emit
 
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
 
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://{os.environ['HVDKIT_BENCH_MASTER']}",
+            init_method=f"tcp://{os.environ[envvars.BENCH_MASTER]}",
             rank=hvd.rank(),
             world_size=hvd.size(),
         )

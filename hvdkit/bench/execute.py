@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hvdkit import envvars
 from hvdkit.bench.plan import Job
 from hvdkit.bench.worker import parse_results
 from hvdkit.launch.hostfile import Host
@@ -41,7 +42,7 @@ def command_for(
     hosts = hosts or [Host("localhost", job.np)]
     first = "127.0.0.1" if hosts[0].name == "localhost" else hosts[0].name
     # torch.distributed (DDP, its allreduce) rendezvous at the first host, next to Horovod's.
-    env = {**job.env, "HVDKIT_BENCH_MASTER": f"{first}:{_free_port()}"}
+    env = {**job.env, envvars.BENCH_MASTER: f"{first}:{_free_port()}"}
     if job.np == 1 and first == "127.0.0.1" and "mpi" in available:
         # One local rank needs no launcher (horovodrun costs ~5 s per start here): Horovod
         # initialises as an MPI singleton.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hvdkit import envvars
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
 from hvdkit.launch.plan import default_controller
 
@@ -93,7 +94,7 @@ def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
     """Every launch of the run, in order: quick and cheap first, so a failure shows early."""
     check(config, available)
     quick = ("--quick",) if config.quick else ()
-    threads = {"HVDKIT_BENCH_THREADS": str(config.threads)}
+    threads = {envvars.BENCH_THREADS: str(config.threads)}
     controllers = config.controllers or available
     main_controller = config.controllers[0] if config.controllers else default_controller(available)
     jobs: list[Job] = []

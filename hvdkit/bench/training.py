@@ -24,6 +24,7 @@ import argparse
 import os
 from functools import partial
 
+from hvdkit import envvars
 from hvdkit.bench.worker import clock, emit, pinned_threads, timed_rounds
 
 VARIANTS = ("plain", "hvdkit", "horovod", "ddp")
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 
         dist.init_process_group(
             "gloo",
-            init_method=f"tcp://{os.environ['HVDKIT_BENCH_MASTER']}",
+            init_method=f"tcp://{os.environ[envvars.BENCH_MASTER]}",
             rank=hvd.rank(),
             world_size=hvd.size(),
         )

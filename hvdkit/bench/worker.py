@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from hvdkit import rank_zero
+from hvdkit import envvars, rank_zero
 
 MARKER = "HVDKIT_BENCH_RESULT "
 
@@ -41,9 +41,9 @@ def pinned_threads(local_size: int) -> int:
     run (``HVDKIT_BENCH_THREADS``): the same per-rank resources at every world size is what
     makes weak scaling meaningful on a machine with few cores. Otherwise each rank's share of
     the cores, as hvdkit's adapters pin them."""
-    from hvdkit.core import cores_per_process
+    from hvdkit.devices import cores_per_process
 
-    fixed = os.environ.get("HVDKIT_BENCH_THREADS")
+    fixed = os.environ.get(envvars.BENCH_THREADS)
     return int(fixed) if fixed else cores_per_process(local_size)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdkit.build import system
+from hvdkit.build import record, system
 from hvdkit.build.cache import WheelCache, cache_inputs, cache_key
 from hvdkit.build.config import BuildConfig, BuildEnv
 from hvdkit.build.logscan import summarize_failure
@@ -28,7 +28,6 @@ from hvdkit.build.probe import probe
 from hvdkit.build.recipe import make_recipe
 from hvdkit.build.remedies import Remedy, plan_remedies
 
-MARKER = Path(sys.prefix) / "share" / "hvdkit" / "horovod-build.json"
 """Written into the environment after a verified install: which cache key it holds."""
 
 Log = Callable[[str], None]
@@ -81,10 +80,14 @@ def describe_plan(env: BuildEnv, cfg: BuildConfig, remedies: list[Remedy], key: 
 
 
 def _already_installed(key: str, version: str) -> bool:
+    marked = record.read()
     try:
-        marked = json.loads(MARKER.read_text()).get("key")
-        return marked == key and importlib.metadata.version("horovod") == version
-    except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
+        return (
+            marked is not None
+            and marked.key == key
+            and (importlib.metadata.version("horovod") == version)
+        )
+    except importlib.metadata.PackageNotFoundError:
         return False
 
 
@@ -185,10 +188,7 @@ def _install(wheel: Path, cfg: BuildConfig, env: BuildEnv, key: str, log: Log) -
             "Fix: rebuild without the cache: hvdkit build-horovod --no-cache"
         )
     log(matrix.describe())
-    MARKER.parent.mkdir(parents=True, exist_ok=True)
-    MARKER.write_text(
-        json.dumps({"key": key, "wheel": str(wheel), "inputs": cache_inputs(env, cfg)})
-    )
+    record.write(record.BuildRecord(key, str(wheel), cache_inputs(env, cfg)))
 
 
 def build_horovod(cfg: BuildConfig, log: Log = print, force: bool = False) -> BuildResult:

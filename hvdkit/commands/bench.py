@@ -90,7 +90,7 @@ def bench_command(args: argparse.Namespace) -> int:
     from hvdkit.bench import report
     from hvdkit.bench.execute import BenchError, command_for, run_jobs
     from hvdkit.bench.plan import SECTIONS, BenchConfig, plan_jobs
-    from hvdkit.core import cores_per_process
+    from hvdkit.devices import cores_per_process
     from hvdkit.launch.hostfile import HostfileError, parse_hostfile
     from hvdkit.launch.runner import available_controllers
 

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hvdkit.commands.run import add_ssh_options
+from hvdkit.commands.options import add_ssh_options
 from hvdkit.doctor.checks import FAIL, SKIP, Check
 
 if TYPE_CHECKING:

@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+from hvdkit.commands.options import add_ssh_options
+
 SAFE_PATH = re.compile(r"^[\w./~+@%:,=-]+$")
 
 
@@ -79,12 +81,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     parser.set_defaults(func=run_command)
-
-
-def add_ssh_options(parser: argparse.ArgumentParser) -> None:
-    """``--ssh-port`` and ``--ssh-identity-file``, shared with ``hvdkit doctor``."""
-    parser.add_argument("--ssh-port", type=int, metavar="PORT", help="sshd port on the hosts")
-    parser.add_argument("--ssh-identity-file", metavar="FILE", help="private key for ssh")
 
 
 def _fail(message: str) -> int:

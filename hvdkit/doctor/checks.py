@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdkit import __version__
-from hvdkit.build.builder import MARKER
+from hvdkit.build import record
 from hvdkit.build.config import FRAMEWORK_NAMES
 from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
 from hvdkit.build.probe import dist_version
@@ -126,10 +126,8 @@ def build_checks() -> tuple[list[Check], BuildMatrix | None]:
 
 
 def _built_for() -> dict[str, str]:
-    try:
-        inputs = json.loads(MARKER.read_text()).get("inputs", {})
-    except (OSError, ValueError):
-        return {}
+    built = record.read()
+    inputs = built.inputs if built is not None else {}
     return {k: inputs[k] for k in FRAMEWORK_NAMES if k in inputs}
 
 

@@ -13,6 +13,7 @@ allreduce all ranks join): give each rank an equal share, e.g. with :func:`shard
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from hvdkit import rank_zero
+from hvdkit import core
 from hvdkit.keras import backend, callbacks, collectives
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.layers import SyncBatchNormalization
@@ -38,9 +39,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     process to one GPU by local rank (on CPU: its share of the cores). Idempotent. On the
     TensorFlow backend call it before building a model: TensorFlow fixes its devices at its
     first op."""
-    topology = backend.init(comm=comm, process_sets=process_sets)
-    rank_zero.set_rank(topology.rank)
-    backend.pin_device(topology)
+    core.start(functools.partial(backend.init, comm, process_sets), backend.pin_device)
 
 
 def broadcast_global_variables(root_rank: int = 0, model: keras.Model | None = None) -> None:

@@ -19,8 +19,9 @@ import numpy as np
 from hvdkit.checkpoint import CheckpointError, atomic_write
 from hvdkit.core import Adapter, SetupConfig, Topology
 from hvdkit.keras import backend
-from hvdkit.keras.lr import Schedule, WarmupSchedule
+from hvdkit.keras.lr import LearningRateWarmupCallback, Schedule, WarmupSchedule
 from hvdkit.keras.optimizer import DistributedOptimizer
+from hvdkit.lr import Warmup
 
 FORMAT = "hvdkit-keras-1"
 GROUPS = ("model", "optimizer")
@@ -29,7 +30,7 @@ GROUPS = ("model", "optimizer")
 def forbid_xla(model: keras.Model) -> None:
     """On the TensorFlow backend, make ``model.compile`` use ``jit_compile=False``: Horovod's
     ops have no XLA kernels, and Keras turns XLA on by itself when a GPU is present."""
-    if keras.config.backend() != "tensorflow" or getattr(model, "_hvdkit_no_xla", False):
+    if not backend.current().has_xla or getattr(model, "_hvdkit_no_xla", False):
         return
     inner = model.compile
 
@@ -51,6 +52,10 @@ def forbid_xla(model: keras.Model) -> None:
 class KerasAdapter(Adapter):
     """Six steps for a Keras 3 model and optimizer."""
 
+    FORMAT = FORMAT
+    FRAMEWORK = "Keras"
+    MODULE = "hvdkit.keras"
+
     def __init__(
         self,
         model: keras.Model,
@@ -62,8 +67,8 @@ class KerasAdapter(Adapter):
         self.model = model
         self.optimizer = optimizer
         self.epoch = 0
-        # The scaled float LR, when warmup must be applied by a callback (None otherwise).
-        self.warmup_lr: float | None = None
+        # fit() callbacks that step 6 needs (a float LR's warmup), for setup() to hand out.
+        self.callbacks: list[keras.callbacks.Callback] = []
 
     def _init(self) -> Topology:
         return backend.init()
@@ -83,8 +88,9 @@ class KerasAdapter(Adapter):
             op=hvd.Sum if cfg.op == "sum" else hvd.Average,
         )
         forbid_xla(self.model)
-        assert self.warmup is not None
-        factor, steps = self.warmup.factor, self.warmup.steps
+
+    def _scale_lr(self, warmup: Warmup) -> None:
+        factor, steps = warmup.factor, warmup.steps
         lr = self.optimizer._learning_rate
         if isinstance(lr, Schedule):
             # Computed inside the compiled step: scaled, and ramped from 1x over the warmup.
@@ -93,9 +99,14 @@ class KerasAdapter(Adapter):
             scaled = float(keras.ops.convert_to_numpy(self.optimizer.learning_rate)) * factor
             self.optimizer.learning_rate = scaled
             if steps:
-                self.warmup_lr = scaled
+                # A float LR stays settable (ReduceLROnPlateau): ramped batch by batch.
+                self.callbacks.append(
+                    LearningRateWarmupCallback(
+                        scaled, warmup_steps=steps, start=1 / factor, offset=0
+                    )
+                )
 
-    def _build(self) -> None:
+    def _prepare_state(self) -> None:
         if not self.model.built or not self.model.variables:
             raise ValueError(
                 "the model has no weights yet, so there is nothing to broadcast. Fix: give it an "
@@ -120,17 +131,11 @@ class KerasAdapter(Adapter):
                 "it is corrupt or not an hvdkit Keras checkpoint: delete it to start fresh, or "
                 "pass another path",
             ) from exc
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise CheckpointError(
-                path,
-                f"is not an hvdkit Keras checkpoint (format {found!r}, expected {FORMAT!r})",
-                "pass a checkpoint written by hvdkit.keras, or delete it to start fresh",
-            )
-        return {"meta": meta, "arrays": arrays}
+        found = meta.get("format") if isinstance(meta, dict) else None
+        return {"format": found, "meta": meta, "arrays": arrays}
 
-    def _load(self, state: dict[str, Any]) -> None:
-        """Rank 0: assign the checkpoint's values, after checking every count and shape."""
+    def _load_checkpoint(self, state: dict[str, Any]) -> None:
+        """Assign the checkpoint's values, after checking every count and shape."""
         meta, arrays, path = state["meta"], state["arrays"], self.config.checkpoint or ""
         fix = "resume with the model and optimizer it was saved from, or delete it"
         variables = self._variables()
@@ -157,36 +162,28 @@ class KerasAdapter(Adapter):
             # Saved at another world size: keep the user's LR, rescaled to this one.
             lr.assign(lr * (self.warmup.factor / meta["lr_factor"]))
 
-    def _broadcast_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
-        self._build()
-        error = None
-        if state is not None:
-            try:
-                self._load(state)
-            except CheckpointError as exc:
-                error = exc
-        self.raise_on_root_error(error)
+    def _broadcast_state(self) -> None:
         variables = self._variables()
         backend.broadcast_variables(variables["model"] + variables["optimizer"])
-        info = None
-        if state is not None:
-            info = {"epoch": state["meta"]["epoch"], "extra": state["meta"]["extra"]}
-        info = self._broadcast_object(info)
-        if info is None:
-            return None
-        self.epoch = info["epoch"]
-        return info["extra"]
 
-    def _gather_checkpoint_state(
-        self, extra: dict[str, Any], next_epoch: int
-    ) -> dict[str, Any] | None:
-        assert self.topology is not None
+    def _resume_info(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"epoch": state["meta"]["epoch"], "extra": state["meta"]["extra"]}
+
+    def _apply_resume_info(self, info: dict[str, Any]) -> dict[str, Any] | None:
+        self.epoch = info["epoch"]
+        extra: dict[str, Any] | None = info["extra"]
+        return extra
+
+    def _gather_for_checkpoint(self, extra: dict[str, Any]) -> None:
         try:
             json.dumps(extra)
         except TypeError as exc:  # on every rank, before rank 0 could fail alone
             raise TypeError(f"checkpoint extra state must be JSON values: {exc}") from None
-        if self.topology.rank != self.config.root_rank:
-            return None
+
+    def _checkpoint_state(
+        self, extra: dict[str, Any], next_epoch: int, gathered: Any
+    ) -> dict[str, Any]:
+        assert self.topology is not None
         arrays, counts = {}, {}
         for group, variables in self._variables().items():
             counts[group] = len(variables)

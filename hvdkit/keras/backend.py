@@ -2,36 +2,26 @@
 ``KERAS_BACKEND=tensorflow``, ``horovod.torch`` under ``KERAS_BACKEND=torch``.
 
 Everything in :mod:`hvdkit.keras` talks to Horovod through these few functions, so the
-optimizer and callbacks are written once for both backends.
+optimizer and callbacks are written once for both backends; what differs between backends is
+in :mod:`hvdkit.keras.backends`, one module each.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from types import ModuleType
 from typing import Any
 
 import keras
 import numpy as np
 
-from hvdkit.core import Topology, require_gpu_per_rank, threads_per_rank
+from hvdkit.core import Topology
+from hvdkit.devices import require_gpu_per_rank, threads_per_rank
+from hvdkit.keras.backends import current
 
 
-@functools.cache
 def horovod() -> ModuleType:
     """The Horovod module that serves the active Keras backend."""
-    name = keras.config.backend()
-    if name == "tensorflow":
-        import horovod.tensorflow as hvd
-    elif name == "torch":
-        import horovod.torch as hvd
-    else:
-        raise RuntimeError(
-            f"Keras backend {name!r} is not served by Horovod. Fix: set KERAS_BACKEND=tensorflow "
-            "or KERAS_BACKEND=torch before importing keras."
-        )
-    return hvd
+    return current().horovod()
 
 
 def require_keras3(optimizer: Any) -> None:
@@ -59,10 +49,6 @@ def reduce_op(name: str) -> Any:
     if name not in ops:
         raise ValueError(f"op={name!r}: use one of {', '.join(ops)}")
     return ops[name]
-
-
-def _is_sparse(tensor: Any) -> bool:
-    return type(tensor).__name__ == "IndexedSlices"  # TensorFlow's sparse gradient
 
 
 def allreduce_list(
@@ -93,8 +79,8 @@ def allreduce_list(
     out = densify(tensors) if sparse_as_dense else list(tensors)
     if process_set is not None and not (process_set.included() and process_set.size() > 1):
         return out
-    dense = [i for i, t in enumerate(out) if t is not None and not _is_sparse(t)]
-    sparse = [i for i, t in enumerate(out) if _is_sparse(t)]
+    dense = [i for i, t in enumerate(out) if t is not None and not current().is_sparse(t)]
+    sparse = [i for i, t in enumerate(out) if current().is_sparse(t)]
     reduction = reduce_op(op)
     scale = {}
     if predivide != 1.0:
@@ -103,7 +89,7 @@ def allreduce_list(
         scale = {"prescale_factor": 1.0 / predivide, "postscale_factor": predivide}
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     for g, group in enumerate(dense_groups(dense, groups)):
-        with _device(device_dense):
+        with current().device_scope(device_dense):
             reduced = hvd.grouped_allreduce(
                 [out[i] for i in group], op=reduction, compression=compression,
                 name=name if g == 0 else f"{name}.group{g}", **scale, **kwargs,
@@ -117,18 +103,14 @@ def allreduce_list(
                 "with Adasum or gradient_predivide_factor. Fix: DistributedOptimizer(..., "
                 "sparse_as_dense=True)"
             )
-        with _device(device_sparse):
+        with current().device_scope(device_sparse):
             out[i] = hvd.allreduce(out[i], op=reduction, name=f"{name}.sparse.{i}", **kwargs)
     return out
 
 
 def densify(tensors: list[Any]) -> list[Any]:
     """``tensors`` with each sparse one (TensorFlow ``IndexedSlices``) made dense."""
-    if not any(_is_sparse(t) for t in tensors):
-        return list(tensors)
-    import tensorflow as tf
-
-    return [tf.convert_to_tensor(t) if _is_sparse(t) else t for t in tensors]
+    return current().densify(tensors)
 
 
 def dense_groups(dense: list[int], groups: list[list[int]] | None) -> list[list[int]]:
@@ -163,14 +145,6 @@ def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
     return [run for run in out if run]
 
 
-def _device(device: str) -> Any:
-    if not device or keras.config.backend() != "tensorflow":
-        return contextlib.nullcontext()
-    import tensorflow as tf
-
-    return tf.device(device)
-
-
 def allgather_numpy(array: np.ndarray, name: str) -> np.ndarray:
     """Every rank's ``array`` stacked along a new first axis (same shape on every rank)."""
     hvd = horovod()
@@ -182,9 +156,7 @@ def broadcast_variables(variables: list[keras.Variable], root_rank: int = 0) -> 
     """Assign rank 0's value to each Keras variable, in place."""
     hvd = horovod()
     for i, variable in enumerate(variables):
-        value = keras.ops.convert_to_tensor(variable.value)
-        if keras.config.backend() == "torch":
-            value = value.detach().clone().contiguous()
+        value = current().for_horovod(keras.ops.convert_to_tensor(variable.value), copy=True)
         variable.assign(hvd.broadcast(value, root_rank, name=f"hvdkit.var.{i}"))
 
 
@@ -198,55 +170,27 @@ def init(comm: Any = None, process_sets: Any = None) -> Topology:
     hvd = horovod()
     if not hvd.is_initialized():
         hvd.init(comm=comm, process_sets=process_sets)
-    return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank())
+    return Topology.of(hvd)
 
 
 def set_cpu_threads(threads: int) -> None:
-    """Compute on CPU with ``threads`` threads on the active backend. On TensorFlow both pools:
-    its inter-op pool alone (one thread per core by default) runs independent ops on every
-    core, so the ranks on a host would still share them all (Keras fit() at 2 ranks on 2
-    cores: 0.69 weak-scaling efficiency with only the intra-op pool set, 0.91 with both).
+    """Compute on CPU with ``threads`` threads on the active backend (every pool it has).
     TensorFlow fixes its pools at its first op: call this before."""
-    if keras.config.backend() == "torch":
-        import torch
-
-        torch.set_num_threads(threads)
-        return
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    current().set_cpu_threads(threads)
 
 
 def pin_device(topology: Topology) -> None:
     """One GPU per process by local rank, for the active backend; on CPU, a share of the
     cores per process."""
-    if keras.config.backend() == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            require_gpu_per_rank(topology, torch.cuda.device_count())
-            torch.cuda.set_device(topology.local_rank)
-        else:
-            set_cpu_threads(threads_per_rank(topology))
+    backend = current()
+    gpus = backend.gpu_count()
+    if gpus:
+        require_gpu_per_rank(topology, gpus)
+        backend.use_gpu(topology.local_rank, topology.rank)
         return
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
     try:
-        if not gpus:
-            set_cpu_threads(threads_per_rank(topology))
-            return
-        require_gpu_per_rank(topology, len(gpus))
-        mine = gpus[topology.local_rank]
-        tf.config.set_visible_devices([mine], "GPU")
-        tf.config.experimental.set_memory_growth(mine, True)
-    except RuntimeError as exc:
-        # TensorFlow fixes its devices when the first op runs; too late to change them now.
-        if gpus and tf.config.get_visible_devices("GPU") != [gpus[topology.local_rank]]:
-            raise RuntimeError(
-                f"rank {topology.rank}: TensorFlow has already initialised its GPUs, so this "
-                f"process cannot be pinned to GPU {topology.local_rank} ({exc}). Fix: call "
-                "hvdkit.keras.init() first thing in the script, before building the model or "
-                "running any TensorFlow op."
-            ) from None
+        backend.set_cpu_threads(threads_per_rank(topology))
+    except RuntimeError:
+        # TensorFlow fixes its thread pools at its first op; a process that ran one before
+        # init (or joins later, e.g. BackupAndRestore) keeps the pools it has.
+        pass

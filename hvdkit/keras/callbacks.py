@@ -109,7 +109,7 @@ def check_sync(variables: list[keras.Variable], where: str = "") -> None:
 def turn_off_xla(model: keras.Model) -> None:
     """TensorFlow backend: if ``model`` would compile its step with XLA, rebuild the step
     without it (Horovod's ops have no XLA kernels)."""
-    if keras.config.backend() != "tensorflow" or not getattr(model, "compiled", False):
+    if not backend.current().has_xla or not getattr(model, "compiled", False):
         return
     if model.jit_compile:
         model.jit_compile = False
@@ -219,7 +219,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._adapter is None or self._adapter.model is not self.model:
             config = SetupConfig(checkpoint=self.filepath, root_rank=self.root_rank)
             self._adapter = KerasAdapter(self.model, self.model.optimizer, config)
-            self._adapter.resume()
+            self._adapter.setup(resume_only=True)
         if self._adapter.epoch:
             self.model._initial_epoch = self._adapter.epoch
 

@@ -13,10 +13,7 @@ from hvdkit.keras import backend
 
 
 def _tensor(value: Any) -> Any:
-    tensor = keras.ops.convert_to_tensor(value)
-    if keras.config.backend() == "torch":
-        tensor = tensor.contiguous()  # Horovod refuses non-contiguous tensors
-    return tensor
+    return backend.current().for_horovod(keras.ops.convert_to_tensor(value))
 
 
 def _set(process_set: Any) -> dict[str, Any]:

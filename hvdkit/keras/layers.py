@@ -29,8 +29,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             ops.sum(ops.square(inputs), axis=self._reduction_axes),
             ops.reshape(ops.cast(ops.size(inputs), inputs.dtype) / channels, (1,)),
         ])  # fmt: skip
-        if keras.config.backend() == "torch":
-            local = local.contiguous()
+        local = backend.current().for_horovod(local)
         total = hvd.allreduce(local, op=hvd.Sum, name=f"hvdkit.sync_bn.{self.name}")
         count = total[2 * channels]
         mean = total[:channels] / count

@@ -78,12 +78,7 @@ _CLASSES: dict[tuple[type, Options], type] = {}
 def refuse_xla() -> None:
     """Stop with the fix when the step is being compiled with XLA (TensorFlow backend): Horovod's
     ops have no XLA kernels, and Keras turns XLA on by itself on a GPU."""
-    if keras.config.backend() != "tensorflow":
-        return
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
-
-    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+    if backend.current().in_xla_context():
         raise ValueError(
             "the training step is compiled with XLA (jit_compile), but Horovod's TensorFlow ops "
             "have no XLA kernels. Fix: model.compile(..., jit_compile=False), or add "

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 import keras
 
 from hvdkit import rank_zero
-from hvdkit.core import SetupConfig
+from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.keras import callbacks as cb
 from hvdkit.keras.adapter import KerasAdapter
 
@@ -19,7 +19,7 @@ def setup(
     *,
     checkpoint: str | Path | None = None,
     average_metrics: bool = True,
-    **options: Any,
+    **options: Unpack[SetupOptions],
 ) -> tuple[keras.optimizers.Optimizer, list[keras.callbacks.Callback]]:
     """The six steps in one call: init Horovod, pin one GPU per process, scale the LR by world
     size (with warmup), wrap the optimizer, resume from ``checkpoint`` on rank 0 and broadcast
@@ -53,15 +53,7 @@ def setup(
     callbacks: list[keras.callbacks.Callback] = [cb.ProgbarLogger()]
     if average_metrics:
         callbacks.append(cb.MetricAverageCallback())
-    if adapter.warmup_lr is not None and adapter.warmup is not None:
-        callbacks.append(
-            cb.LearningRateWarmupCallback(
-                adapter.warmup_lr,
-                warmup_steps=adapter.warmup.steps,
-                start=1 / adapter.warmup.factor,
-                offset=0,
-            )
-        )
+    callbacks += adapter.callbacks
     if config.checkpoint is not None:
         callbacks.append(cb.BackupAndRestore.for_adapter(adapter))
     return adapter.optimizer, callbacks

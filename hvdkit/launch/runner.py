@@ -4,7 +4,6 @@ output passed through live, Ctrl-C passed on, and a failing rank named at the en
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import signal
@@ -31,12 +30,10 @@ def _marked(code: int) -> bool:
 def recorded_controllers() -> list[str] | None:
     """The controllers hvdkit's build record says this Horovod was built with (None without a
     record: Horovod was installed some other way)."""
-    from hvdkit.build.builder import MARKER
+    from hvdkit.build import record
 
-    try:
-        return list(json.loads(MARKER.read_text())["inputs"]["controllers"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    built = record.read()
+    return None if built is None else built.controllers
 
 
 def available_controllers(python: str = sys.executable) -> tuple[str, ...]:

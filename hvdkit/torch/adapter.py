@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 from hvdkit.checkpoint import CheckpointError, atomic_write
-from hvdkit.core import Adapter, SetupConfig, Topology, require_gpu_per_rank, threads_per_rank
+from hvdkit.core import Adapter, SetupConfig, Topology
+from hvdkit.devices import require_gpu_per_rank, threads_per_rank
+from hvdkit.lr import Warmup
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -50,6 +52,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class TorchAdapter(Adapter):
     """Six steps for a ``torch.nn.Module`` and ``torch.optim.Optimizer``."""
 
+    FORMAT = FORMAT
+    FRAMEWORK = "PyTorch"
+    MODULE = "hvdkit.torch"
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -67,9 +73,7 @@ class TorchAdapter(Adapter):
 
     def _init(self) -> Topology:
         hvd.init()
-        return Topology(
-            hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank()
-        )
+        return Topology.of(hvd)
 
     def _pin_device(self, topology: Topology) -> None:
         if torch.cuda.is_available():
@@ -89,12 +93,14 @@ class TorchAdapter(Adapter):
             backward_passes_per_step=cfg.backward_passes_per_step,
             op=_OPS[cfg.op],
         )
+
+    def _scale_lr(self, warmup: Warmup) -> None:
         inner_step = self.optimizer.step
 
         def step(*args: Any, **kwargs: Any) -> Any:
             # The multiplier is applied around the step only, so the user's scheduler keeps
             # seeing (and setting) single-process LRs and composes with the scaling.
-            multiplier = self.lr_multiplier(self.step_count)
+            multiplier = warmup.multiplier(self.step_count)
             saved = [group["lr"] for group in self.optimizer.param_groups]
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] * multiplier
@@ -117,54 +123,46 @@ class TorchAdapter(Adapter):
                 "it is corrupt or not an hvdkit checkpoint: delete it to start fresh, or "
                 "pass another path",
             ) from exc
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise CheckpointError(
-                path,
-                f"is not an hvdkit PyTorch checkpoint (format {_format_of(state)!r}, "
-                f"expected {FORMAT!r})",
-                "pass a checkpoint written by hvdkit.torch, or delete it to start fresh",
-            )
         return state
 
-    def _broadcast_state(self, state: dict[str, Any] | None) -> dict[str, Any] | None:
-        root = self.config.root_rank
-        error = None
-        if state is not None:
-            try:
-                self.model.load_state_dict(state["model"])
-                load_optimizer_state_(self.optimizer, state["optimizer"])
-                if self.scheduler is not None and state.get("scheduler") is not None:
-                    self.scheduler.load_state_dict(state["scheduler"])
-            except (RuntimeError, ValueError, KeyError) as exc:
-                error = CheckpointError(
-                    self.config.checkpoint or "",
-                    f"does not match this model/optimizer: {str(exc).splitlines()[0][:300]}",
-                    "resume with the same model and optimizer it was saved from, or delete it",
-                )
-        self.raise_on_root_error(error)
-        broadcast_parameters(self.model.state_dict(), root)
-        broadcast_optimizer_state(self.optimizer, root)
-        info = None
-        if state is not None:
-            info = {k: state[k] for k in ("step", "epoch", "extra", "scheduler", "rng")}
-            info["world_size"] = state.get("world_size")
-        info = self._broadcast_object(info)
-        if info is None:
-            return None
+    def _load_checkpoint(self, state: dict[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            load_optimizer_state_(self.optimizer, state["optimizer"])
+            if self.scheduler is not None and state.get("scheduler") is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                self.config.checkpoint or "",
+                f"does not match this model/optimizer: {str(exc).splitlines()[0][:300]}",
+                "resume with the same model and optimizer it was saved from, or delete it",
+            ) from exc
+
+    def _broadcast_state(self) -> None:
+        broadcast_parameters(self.model.state_dict(), self.config.root_rank)
+        broadcast_optimizer_state(self.optimizer, self.config.root_rank)
+
+    def _resume_info(self, state: dict[str, Any]) -> dict[str, Any]:
+        info = {k: state[k] for k in ("step", "epoch", "extra", "scheduler", "rng")}
+        info["world_size"] = state.get("world_size")
+        return info
+
+    def _apply_resume_info(self, info: dict[str, Any]) -> dict[str, Any] | None:
         self.step_count, self.epoch = info["step"], info["epoch"]
-        # Rank 0 loaded it above, where a mismatch is reported to every rank.
-        if self.scheduler is not None and info["scheduler"] is not None and hvd.rank() != root:
+        # The root rank loaded it with the weights, where a mismatch is reported to every rank.
+        if self.scheduler is not None and info["scheduler"] is not None and not self.is_root:
             self.scheduler.load_state_dict(info["scheduler"])
         if info["world_size"] == hvd.size():
             set_rng_state(info["rng"][hvd.rank()])
-        return info["extra"]
+        extra: dict[str, Any] | None = info["extra"]
+        return extra
 
-    def _gather_checkpoint_state(
-        self, extra: dict[str, Any], next_epoch: int
-    ) -> dict[str, Any] | None:
-        rngs = hvd.allgather_object(rng_state(), name="hvdkit.rng")
-        if hvd.rank() != self.config.root_rank:
-            return None
+    def _gather_for_checkpoint(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
+        return hvd.allgather_object(rng_state(), name="hvdkit.rng")
+
+    def _checkpoint_state(
+        self, extra: dict[str, Any], next_epoch: int, gathered: Any
+    ) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "model": self.model.state_dict(),
@@ -173,7 +171,7 @@ class TorchAdapter(Adapter):
             "step": self.step_count,
             "epoch": next_epoch,
             "extra": extra,
-            "rng": rngs,
+            "rng": gathered,
             "world_size": hvd.size(),
         }
 
@@ -182,7 +180,3 @@ class TorchAdapter(Adapter):
 
     def _broadcast_object(self, obj: Any) -> Any:
         return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")
-
-
-def _format_of(state: Any) -> Any:
-    return state.get("format") if isinstance(state, dict) else type(state).__name__

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sized
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import horovod.torch as hvd
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from hvdkit import rank_zero, sync
-from hvdkit.core import SetupConfig, cores_per_process
+from hvdkit.core import SetupConfig, SetupOptions
+from hvdkit.devices import cores_per_process
 from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import backward_and_step
 
@@ -53,7 +54,8 @@ class Session:
 
     def lr_multiplier(self) -> float:
         """The world-size LR multiplier the next optimizer step will use."""
-        return self._adapter.lr_multiplier(self._adapter.step_count)
+        assert self._adapter.warmup is not None
+        return self._adapter.warmup.multiplier(self._adapter.step_count)
 
     def epochs(self, total: int) -> Iterator[int]:
         """``for epoch in session.epochs(n)``: resumes after the last saved epoch."""
@@ -162,7 +164,7 @@ def setup(
     *,
     scheduler: Any = None,
     checkpoint: str | Path | None = None,
-    **options: Any,
+    **options: Unpack[SetupOptions],
 ) -> Session:
     """The six steps in one call: init, pin the device, scale the LR (with warmup), wrap the
     optimizer, resume from ``checkpoint`` on rank 0 and broadcast to all ranks.

@@ -1,0 +1,54 @@
+"""What differs between Keras 3 backends for hvdkit, as abstract methods, so that no backend
+can drift from the others unnoticed (Keras 3's own backends share no enforced interface)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Any
+
+
+class KerasBackend(abc.ABC):
+    """One Keras 3 backend as hvdkit's Keras layer needs it."""
+
+    #: Whether the backend can compile a step with XLA (``jit_compile``), which Horovod's
+    #: ops cannot run in.
+    has_xla: bool = False
+
+    @abc.abstractmethod
+    def horovod(self) -> ModuleType:
+        """The Horovod module whose ops take this backend's tensors."""
+
+    @abc.abstractmethod
+    def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
+        """``tensor`` as Horovod's ops accept it (``copy``: detached from the variable)."""
+
+    @abc.abstractmethod
+    def set_cpu_threads(self, threads: int) -> None:
+        """Compute on CPU with ``threads`` threads (every pool the backend has)."""
+
+    @abc.abstractmethod
+    def gpu_count(self) -> int:
+        """GPUs this process can see."""
+
+    @abc.abstractmethod
+    def use_gpu(self, index: int, rank: int) -> None:
+        """Make GPU ``index`` this process's only one (``rank`` for the error message)."""
+
+    @abc.abstractmethod
+    def device_scope(self, device: str) -> AbstractContextManager[Any]:
+        """Ops created inside run on ``device`` (Horovod's ``device_dense``/``device_sparse``)."""
+
+    @abc.abstractmethod
+    def densify(self, tensors: Sequence[Any]) -> list[Any]:
+        """``tensors`` with each sparse gradient made dense."""
+
+    @abc.abstractmethod
+    def is_sparse(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is a sparse gradient (reduced by allgather)."""
+
+    def in_xla_context(self) -> bool:
+        """Whether the code running now is being compiled with XLA."""
+        return False
