@@ -4,6 +4,7 @@ Used by step 2 of both adapters and by the bench."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from hvdkit.core import Topology
 
@@ -29,3 +30,20 @@ def require_gpu_per_rank(topology: Topology, visible_gpus: int) -> None:
             f"most {visible_gpus} processes per host (slots in the hostfile / -np), or check "
             "CUDA_VISIBLE_DEVICES."
         )
+
+
+def pin(
+    topology: Topology,
+    gpus: int,
+    use_gpu: Callable[[int], None],
+    set_cpu_threads: Callable[[int], None],
+) -> bool:
+    """Step 2 for any framework: with ``gpus`` visible, take GPU ``local_rank`` (one per
+    process, or the error that says so); without, compute with this process's share of the
+    cores. Returns whether a GPU was taken."""
+    if gpus:
+        require_gpu_per_rank(topology, gpus)
+        use_gpu(topology.local_rank)
+        return True
+    set_cpu_threads(threads_per_rank(topology))
+    return False

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from hvdkit.core import Topology
-from hvdkit.devices import require_gpu_per_rank, threads_per_rank
+from hvdkit.devices import pin
 from hvdkit.keras.backends import current
 
 
@@ -183,14 +183,18 @@ def pin_device(topology: Topology) -> None:
     """One GPU per process by local rank, for the active backend; on CPU, a share of the
     cores per process."""
     backend = current()
-    gpus = backend.gpu_count()
-    if gpus:
-        require_gpu_per_rank(topology, gpus)
-        backend.use_gpu(topology.local_rank, topology.rank)
-        return
-    try:
-        backend.set_cpu_threads(threads_per_rank(topology))
-    except RuntimeError:
-        # TensorFlow fixes its thread pools at its first op; a process that ran one before
-        # init (or joins later, e.g. BackupAndRestore) keeps the pools it has.
-        pass
+
+    def set_threads(threads: int) -> None:
+        try:
+            backend.set_cpu_threads(threads)
+        except RuntimeError:
+            # TensorFlow fixes its thread pools at its first op; a process that ran one
+            # before init keeps the pools it has.
+            pass
+
+    pin(
+        topology,
+        backend.gpu_count(),
+        lambda index: backend.use_gpu(index, topology.rank),
+        set_threads,
+    )

@@ -13,7 +13,7 @@ import torch
 
 from hvdkit.checkpoint import CheckpointError, atomic_write
 from hvdkit.core import Adapter, SetupConfig, Topology
-from hvdkit.devices import require_gpu_per_rank, threads_per_rank
+from hvdkit.devices import pin
 from hvdkit.lr import Warmup
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
@@ -76,12 +76,9 @@ class TorchAdapter(Adapter):
         return Topology.of(hvd)
 
     def _pin_device(self, topology: Topology) -> None:
-        if torch.cuda.is_available():
-            require_gpu_per_rank(topology, torch.cuda.device_count())
-            torch.cuda.set_device(topology.local_rank)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if pin(topology, gpus, torch.cuda.set_device, torch.set_num_threads):
             self.device = torch.device("cuda", topology.local_rank)
-        else:
-            torch.set_num_threads(threads_per_rank(topology))
         self.model.to(self.device)
 
     def _wrap_optimizer(self) -> None:
