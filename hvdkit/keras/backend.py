@@ -74,13 +74,14 @@ def allreduce_list(
     ``tf.device`` does (the torch backend's ops run on the tensor's device). None entries are
     passed through. A rank outside ``process_set``, or a set of one, keeps its own tensors
     (Horovod's rule for gradients)."""
-    hvd = horovod()
+    keras_backend = current()
+    hvd = keras_backend.horovod()
     kwargs: dict[str, Any] = {} if process_set is None else {"process_set": process_set}
-    out = densify(tensors) if sparse_as_dense else list(tensors)
+    out = keras_backend.densify(tensors) if sparse_as_dense else list(tensors)
     if process_set is not None and not (process_set.included() and process_set.size() > 1):
         return out
-    dense = [i for i, t in enumerate(out) if t is not None and not current().is_sparse(t)]
-    sparse = [i for i, t in enumerate(out) if current().is_sparse(t)]
+    sparse = [i for i, t in enumerate(out) if keras_backend.is_sparse(t)]
+    dense = [i for i, t in enumerate(out) if t is not None and i not in sparse]
     reduction = reduce_op(op)
     scale = {}
     if predivide != 1.0:
@@ -89,7 +90,7 @@ def allreduce_list(
         scale = {"prescale_factor": 1.0 / predivide, "postscale_factor": predivide}
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     for g, group in enumerate(dense_groups(dense, groups)):
-        with current().device_scope(device_dense):
+        with keras_backend.device_scope(device_dense):
             reduced = hvd.grouped_allreduce(
                 [out[i] for i in group], op=reduction, compression=compression,
                 name=name if g == 0 else f"{name}.group{g}", **scale, **kwargs,
@@ -103,7 +104,7 @@ def allreduce_list(
                 "with Adasum or gradient_predivide_factor. Fix: DistributedOptimizer(..., "
                 "sparse_as_dense=True)"
             )
-        with current().device_scope(device_sparse):
+        with keras_backend.device_scope(device_sparse):
             out[i] = hvd.allreduce(out[i], op=reduction, name=f"{name}.sparse.{i}", **kwargs)
     return out
 
