@@ -101,7 +101,9 @@ class SetupConfig:
 
 class SetupOptions(TypedDict, total=False):
     """The options both facades' ``setup()`` take as keywords: :class:`SetupConfig`'s fields
-    but ``checkpoint``, which the facades take as a path of any kind."""
+    but ``checkpoint``, which the facades take as a path of any kind. A TypedDict and not the
+    dataclass itself (STYLE.md's typed configs): scripts pass plain keywords, as Horovod's do,
+    and a type checker still checks each one through ``Unpack``."""
 
     lr_scaling: LrScaling
     warmup_epochs: float

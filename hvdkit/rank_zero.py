@@ -3,6 +3,11 @@ checkpoint gate and callbacks ask. User code and examples never need ``if hvd.ra
 
 The rank is set once by the adapter after ``init``; before that it is read from the launcher's
 environment (horovodrun, mpirun, srun), so module-level logging works too.
+
+Unlike Lightning's ``rank_zero`` (STYLE.md), there is no ``rank_zero_first()`` barrier here:
+the one rank-0-first action hvdkit has, writing a checkpoint before the others go on, is a
+collective in :meth:`hvdkit.core.Adapter.save_checkpoint`, where a failed write also reaches
+every rank (a barrier alone would leave them running on).
 """
 
 from __future__ import annotations

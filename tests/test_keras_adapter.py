@@ -79,6 +79,12 @@ def test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast(keras_backend,
     assert second[0]["weights"] == pytest.approx(whole[0]["weights"], abs=1e-5)
     assert second[0]["lr"] == pytest.approx(0.02)  # Adam 0.01 x 2 ranks after warmup
     assert first_r[0]["loaded_ok"] is True
+    # The Session twin: unpacks as (optimizer, callbacks), knows the topology and resumed epoch.
+    assert [r["start"] for r in (first_r[0], second[1])] == [
+        {"epoch": 0, "size": 2, "rank": 0},
+        {"epoch": 2, "size": 2, "rank": 1},
+    ]
+    assert second[1]["multiplier"] == 2.0 and second[1]["same"] is True
     # fit(verbose=1) on both ranks: only rank 0 prints progress.
     epoch_lines = [line for line in first.stdout.splitlines() if "Epoch 1/2" in line]
     assert epoch_lines and all(line.startswith("[0]") for line in epoch_lines), epoch_lines

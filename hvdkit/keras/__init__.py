@@ -9,6 +9,15 @@ TensorFlow backend: Horovod's ops have no XLA kernels (:func:`setup` sees to it)
 
 Every rank must take the same number of optimizer steps per epoch (each step is an
 allreduce all ranks join): give each rank an equal share, e.g. with :func:`shard`.
+
+Module set. ``hvdkit.keras`` and ``hvdkit.torch`` share four modules with the same roles:
+``__init__`` (Horovod's API), ``adapter`` (the six-step hooks of :class:`hvdkit.core.Adapter`),
+``optimizer`` (``DistributedOptimizer``) and ``session`` (``setup()`` and its ``Session``).
+The rest follows what each Horovod module offers, not a common template (STYLE.md's "same file
+set" is an example here, not a rule): Keras adds ``callbacks``, ``lr`` and ``metrics`` (the
+``fit()`` side), ``collectives`` and ``layers``, and ``backend`` with ``backends/`` (one module
+per Keras backend behind an abstract base, because Keras 3 runs on two frameworks); torch adds
+``functions`` and ``sync_batch_norm``.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from hvdkit.keras import backend, callbacks, collectives
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.layers import SyncBatchNormalization
 from hvdkit.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from hvdkit.keras.session import setup
+from hvdkit.keras.session import Session, setup
 
 
 def _hvd() -> Any:
@@ -105,6 +114,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DistributedOptimizer",
     "PartialDistributedOptimizer",
+    "Session",
     "SyncBatchNormalization",
     "allgather",
     "allreduce",

@@ -1,5 +1,11 @@
 """Keras 3 ``fit()`` callbacks with Horovod's names, plus rank-0 checkpointing, resume and
-a progress bar printed once."""
+a progress bar printed once.
+
+One module for all of them, where Keras 3 puts one callback per module (STYLE.md): Horovod
+scripts import them as ``hvd.callbacks.X``, so ``hvdkit.keras.callbacks`` must be one
+namespace, and each callback is a few lines over :mod:`hvdkit.rank_zero`, :mod:`hvdkit.sync`
+and :mod:`hvdkit.keras.lr`, where the logic lives.
+"""
 
 from __future__ import annotations
 

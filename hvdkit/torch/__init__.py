@@ -9,6 +9,11 @@ What differs from ``horovod.torch``: ``broadcast_parameters`` handles non-contig
 optimizer; ``DistributedOptimizer.zero_grad(set_to_none=...)`` works; and
 :func:`backward_and_step` is the one pattern for AMP and clipping; ``SyncBatchNorm`` also
 works on CPU (Horovod's needs a GPU).
+
+Module set: ``adapter``, ``optimizer`` and ``session`` play the same roles as in
+:mod:`hvdkit.keras` (see its docstring); ``functions`` (broadcasts of parameters, optimizer
+state and objects) and ``sync_batch_norm`` are the parts of ``horovod.torch`` that hvdkit
+rewrites.
 """
 
 from horovod.torch import (

@@ -190,9 +190,9 @@ def resume(base: str, epochs: int) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(workdir)
     model = model_for(seed=hvd.rank())
-    optimizer, callbacks = hvd.setup(
-        model, keras.optimizers.Adam(0.01), checkpoint="ckpt.npz", warmup_steps=3
-    )
+    session = hvd.setup(model, keras.optimizers.Adam(0.01), checkpoint="ckpt.npz", warmup_steps=3)
+    optimizer, callbacks = session
+    start = {"epoch": session.epoch, "size": session.size, "rank": session.rank}
     model.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     rng = np.random.default_rng(hvd.rank())
     x = rng.normal(size=(64, 4)).astype("float32")
@@ -224,6 +224,9 @@ def resume(base: str, epochs: int) -> None:
         files=sorted(p.name for p in Path(".").iterdir()),
         loaded_ok=loaded_ok,
         lr=float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)),
+        start=start,
+        multiplier=session.lr_multiplier(),
+        same=session.optimizer is optimizer and session.model is model,
     )
 
 

@@ -49,6 +49,18 @@ class KerasBackend(abc.ABC):
     def is_sparse(self, tensor: Any) -> bool:
         """Whether ``tensor`` is a sparse gradient (reduced by allgather)."""
 
+    def tape_gradients(
+        self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
+    ) -> tuple[list[Any], list[Any]]:
+        """Horovod's ``compute_gradients`` core: the gradients of ``loss`` (a tensor recorded
+        on ``tape``, or a callable) for ``var_list``, and the variables. Only TensorFlow has
+        a tape."""
+        raise NotImplementedError(
+            "compute_gradients(loss, var_list, tape) needs a TensorFlow GradientTape: on the "
+            "torch backend call loss.backward() and pass [v.value.grad for v in variables] to "
+            "optimizer.apply(grads, variables), which reduces them"
+        )
+
     def in_xla_context(self) -> bool:
         """Whether the code running now is being compiled with XLA."""
         return False

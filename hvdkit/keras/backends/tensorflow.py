@@ -32,6 +32,22 @@ class TensorFlowBackend(KerasBackend):
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
 
+    def tape_gradients(
+        self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
+    ) -> tuple[list[Any], list[Any]]:
+        import tensorflow as tf
+
+        if not callable(loss) and tape is None:
+            raise ValueError("compute_gradients: a tensor loss needs the tape that recorded it")
+        tape = tf.GradientTape() if tape is None else tape
+        if callable(loss):
+            with tape:
+                var_list = list(var_list() if callable(var_list) else var_list)
+                tape.watch(var_list)
+                loss = loss()
+        var_list = list(var_list() if callable(var_list) else var_list)
+        return tape.gradient(loss, var_list, grad_loss), var_list
+
     def gpu_count(self) -> int:
         import tensorflow as tf
 
