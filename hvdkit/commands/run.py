@@ -11,8 +11,12 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hvdkit.commands.options import add_ssh_options
+
+if TYPE_CHECKING:
+    from hvdkit.launch.elastic import ElasticConfig
 
 SAFE_PATH = re.compile(r"^[\w./~+@%:,=-]+$")
 
@@ -34,15 +38,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     hosts = parser.add_mutually_exclusive_group()
     hosts.add_argument(
-        "--hostfile", metavar="FILE", help="hosts, one per line (default: localhost)"
+        "--hostfile",
+        metavar="FILE",
+        help="hosts, one per line (default: localhost); with --min-np, re-read while the job "
+        "runs, so editing it adds or removes hosts",
     )
     hosts.add_argument("-H", "--hosts", metavar="H1:N,H2:N", help="hosts and slots inline")
+    hosts.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help="elastic: a command printing the available hosts (host[:slots] per line)",
+    )
     parser.add_argument(
         "--slots-per-host",
         type=int,
         default=None,
         metavar="N",
         help="slots of hosts listed without a count (default 1)",
+    )
+    elastic = parser.add_argument_group(
+        "elastic training (Horovod's flags; Gloo only; the script uses hvdkit.torch.elastic "
+        "or hvdkit.keras.elastic)"
+    )
+    elastic.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        type=int,
+        metavar="N",
+        help="run elastic: keep going while at least N processes are left",
+    )
+    elastic.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        type=int,
+        metavar="N",
+        help="grow to at most N processes when hosts are added",
+    )
+    elastic.add_argument(
+        "--reset-limit", type=int, metavar="N", help="fail after N resets (default: no limit)"
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="seconds a failed host stays out before it may rejoin (default: for good)",
+    )
+    elastic.add_argument(
+        "--elastic-timeout",
+        type=int,
+        metavar="S",
+        help="seconds to wait for --min-np slots before failing (default 600)",
     )
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo")
@@ -88,8 +134,47 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
+    """The elastic settings asked for, or None for a fixed job (Horovod's rule: --min-np or a
+    discovery script makes a job elastic)."""
+    from hvdkit.launch.elastic import ElasticConfig, ElasticError, hostfile_discovery
+
+    if args.min_np is None and not args.host_discovery_script:
+        given = [
+            flag
+            for flag, value in (
+                ("--max-np", args.max_np),
+                ("--reset-limit", args.reset_limit),
+                ("--blacklist-cooldown-range", args.blacklist_cooldown_range),
+                ("--elastic-timeout", args.elastic_timeout),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ElasticError(
+                f"{given[0]} is for elastic jobs: add --min-np N (the fewest processes the job "
+                "may shrink to)"
+            )
+        return None
+    discovery = args.host_discovery_script
+    if args.hostfile:
+        discovery = hostfile_discovery(str(Path(args.hostfile).resolve()), args.slots_per_host)
+    cooldown = args.blacklist_cooldown_range
+    return ElasticConfig(
+        min_np=args.min_np if args.min_np is not None else (args.np or 1),
+        max_np=args.max_np,
+        discovery=discovery,
+        slots_per_host=args.slots_per_host if args.host_discovery_script else None,
+        reset_limit=args.reset_limit,
+        cooldown_range=tuple(cooldown) if cooldown else None,
+        elastic_timeout=args.elastic_timeout,
+    )
+
+
 def run_command(args: argparse.Namespace) -> int:
     from hvdkit.launch import runner
+    from hvdkit.launch.discover import probe
+    from hvdkit.launch.elastic import ElasticError
     from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
     from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe
 
@@ -102,7 +187,15 @@ def run_command(args: argparse.Namespace) -> int:
             "shell unquoted; use a path without spaces or shell characters"
         )
     try:
-        if args.hostfile:
+        elastic = _elastic_config(args)
+        if args.host_discovery_script:
+            hosts = probe(args.host_discovery_script, args.slots_per_host)
+            if not hosts:
+                return _fail(
+                    f"--host-discovery-script {args.host_discovery_script}: it lists no hosts "
+                    "now; start the job once at least --min-np slots are up"
+                )
+        elif args.hostfile:
             hosts = parse_hostfile(args.hostfile, args.slots_per_host)
         elif args.hosts:
             hosts = parse_hosts_arg(args.hosts, args.slots_per_host)
@@ -123,12 +216,13 @@ def run_command(args: argparse.Namespace) -> int:
             verbose=args.verbose,
             ssh_port=args.ssh_port,
             ssh_identity_file=args.ssh_identity_file,
+            elastic=elastic,
         )
         horovodrun = str(Path(sys.executable).parent / "horovodrun")
         plan = build_plan(
             config, hosts, available=runner.available_controllers(), horovodrun=horovodrun
         )
-    except (HostfileError, LaunchError) as exc:
+    except (HostfileError, LaunchError, ElasticError) as exc:
         return _fail(str(exc))
     if args.dry_run:
         print(json.dumps(plan.to_dict(), indent=2) if args.json else describe(plan))

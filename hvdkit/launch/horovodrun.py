@@ -57,6 +57,12 @@ def main() -> int:
     sys.argv[0] = "horovodrun"
     os.execve = _run_instead_of_exec  # type: ignore[assignment]  # narrower, for horovodrun only
     _answer_build_checks_from_the_record()
+    report = None
+    if any(arg in sys.argv for arg in ("--min-np", "--min-num-proc", "--host-discovery-script")):
+        from hvdkit.launch import elastic_report
+
+        report = elastic_report.Report()
+        elastic_report.install(report)
     code = 0
     try:
         from horovod.runner.launch import run_commandline
@@ -70,6 +76,8 @@ def main() -> int:
     except BaseException:  # noqa: BLE001 - horovodrun's own way to fail: a traceback, status 1
         traceback.print_exc()
         code = 1
+    if report is not None and code != 0:
+        print(report.summary(), file=sys.stderr, flush=True)
     for stream in (sys.stdout, sys.stderr):
         stream.write(f"{END}\n")
         stream.flush()

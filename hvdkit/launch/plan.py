@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+from hvdkit.launch.elastic import ElasticConfig, ElasticError
+from hvdkit.launch.elastic import describe as describe_elastic
 from hvdkit.launch.hostfile import Host
 
 CONTROLLERS = ("gloo", "mpi")
@@ -42,6 +44,7 @@ class LaunchConfig:
     verbose: bool = False
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
+    elastic: ElasticConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class LaunchPlan:
     controller: str
     ranks: list[RankSlot]
     env: dict[str, str] = field(default_factory=dict)  # set or forwarded by hvdkit
+    elastic: list[str] = field(default_factory=list)  # the elastic settings, described
 
     def host_of(self, rank: int) -> str:
         return self.ranks[rank].host if 0 <= rank < len(self.ranks) else "?"
@@ -94,6 +98,7 @@ class LaunchPlan:
             "np": len(self.ranks),
             "ranks": [{**asdict(slot), "env": self.rank_env(slot)} for slot in self.ranks],
             "env": self.env,
+            "elastic": self.elastic or None,
         }
 
 
@@ -164,7 +169,14 @@ def build_plan(
     build can use (Gloo always, MPI when built and mpirun is installed)."""
     if not config.command:
         raise LaunchError("no command to run. Usage: hvdkit run [options] -- python train.py ...")
-    controller = config.controller or default_controller(available)
+    elastic = config.elastic
+    if elastic is not None and config.controller == "mpi":
+        raise LaunchError(
+            "--mpi with an elastic job (--min-np / --host-discovery-script): Horovod's elastic "
+            "mode runs on Gloo only. Fix: drop --mpi (hvdkit picks Gloo for elastic jobs)"
+        )
+    controller = "gloo" if elastic is not None else config.controller
+    controller = controller or default_controller(available)
     if controller not in available:
         raise LaunchError(
             f"--{controller}: this Horovod cannot use {controller.upper()} here "
@@ -176,7 +188,19 @@ def build_plan(
                 else "rebuild Horovod with `hvdkit build-horovod --controllers gloo`"
             )
         )
-    used = allocate(hosts, config.np)
+    np = config.np
+    if elastic is not None:
+        try:
+            np = elastic.initial_np(np, sum(h.slots for h in hosts))
+        except ElasticError as exc:
+            raise LaunchError(str(exc)) from None
+        if elastic.discovery is None and len(hosts) < 2:
+            raise LaunchError(
+                "an elastic job with a fixed host list (-H) needs at least 2 hosts (Horovod "
+                "cannot fail over otherwise). Fix: list more hosts, or use --hostfile FILE or "
+                "--host-discovery-script SCRIPT, which can add hosts while the job runs"
+            )
+    used = allocate(hosts, np)
     for host, _ in used:
         if host.is_ipv6:
             raise LaunchError(
@@ -185,14 +209,14 @@ def build_plan(
                 "that in the hostfile"
             )
     ranks = rank_map(used)
-    argv = [
-        horovodrun,
-        "-np",
-        str(len(ranks)),
-        "-H",
-        ",".join(f"{host.name}:{count}" for host, count in used),
-        f"--{controller}",
-    ]
+    argv = [horovodrun, "-np", str(len(ranks))]
+    if elastic is None or elastic.discovery is None:
+        # A fixed elastic host list offers every slot, not only those the first ranks fill.
+        listed = used if elastic is None else [(h, h.slots) for h in hosts]
+        argv += ["-H", ",".join(f"{host.name}:{count}" for host, count in listed)]
+    if elastic is not None:
+        argv += elastic.argv()
+    argv.append(f"--{controller}")
     if config.network_interface:
         argv += ["--network-interface", config.network_interface]
     if config.start_timeout is not None:
@@ -210,19 +234,22 @@ def build_plan(
     env = forwarded_env(config.env, environ)
     if controller == "mpi":
         env = {k: v for k, v in MPI_DEFAULT_ENV.items() if k not in environ} | env
-    return LaunchPlan(argv, controller, ranks, env)
+    described = [] if elastic is None else describe_elastic(elastic, hosts, len(ranks))
+    return LaunchPlan(argv, controller, ranks, env, described)
 
 
 def describe(plan: LaunchPlan) -> str:
     """``--dry-run``'s text: the command, where each rank runs, and what it gets."""
     from shlex import join
 
-    lines = ["command:", "  " + join(plan.argv), f"controller: {plan.controller}", "ranks:"]
+    ranks = "ranks (at the start: an elastic job re-assigns them):" if plan.elastic else "ranks:"
+    lines = ["command:", "  " + join(plan.argv), f"controller: {plan.controller}", ranks]
     for slot in plan.ranks:
         lines.append(
             f"  rank {slot.rank}: host {slot.host} local_rank {slot.local_rank}/"
             f"{slot.local_size} cross_rank {slot.cross_rank}"
         )
+    lines += plan.elastic
     lines.append("environment (besides this shell's, which horovodrun forwards to every rank):")
     for name, value in plan.env.items():
         lines.append(f"  {name}={value}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hvdkit.launch.console import Demux, Piece, is_noise, render
+from hvdkit.launch.elastic_report import SUMMARY
 from hvdkit.launch.horovodrun import END
 from hvdkit.launch.output import RankOutput, failure_message
 from hvdkit.launch.plan import LaunchPlan
@@ -73,6 +74,7 @@ class Console:
         self.output, self.verbose = output, verbose
         self.gpu = Path("/dev/nvidiactl").exists()
         self.held: list[str] = []
+        self.summarised = False
         self._lock = threading.Lock()
         self._progress_on: TextIO | None = None
 
@@ -82,7 +84,9 @@ class Console:
             return
         if not piece.progress:
             self.output.record(piece.rank, piece.stream, piece.text)
-        if (
+        if piece.rank is None and piece.text.startswith(SUMMARY):
+            self.summarised = True  # said why the elastic job stopped: no rank to guess
+        elif (
             piece.rank is None
             and piece.stream == "stderr"
             and (self.held or piece.text.startswith("Traceback (most recent call last)"))
@@ -180,7 +184,9 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
     for event in done:
         if not event.wait(timeout=None if _marked(code) else ORPHAN_WAIT_S):
             break
-    if code != 0:
+    if code != 0 and console.summarised:
+        pass  # an elastic job: horovodrun's wrapper named the reason and the hosts lost
+    elif code != 0:
         host_of = {slot.rank: slot.host for slot in plan.ranks}
         if output_dir:
             for slot in plan.ranks:

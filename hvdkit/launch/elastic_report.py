@@ -1,0 +1,157 @@
+"""What an elastic job's driver says, in hvdkit's words: installed into horovodrun's own
+process by :mod:`hvdkit.launch.horovodrun` when the job is elastic.
+
+Horovod's elastic driver logs its decisions at INFO level (hidden) and, when it gives up,
+ends with a traceback or "failed to activate new hosts" that names neither the lost host nor
+the reason. Here each lost host is reported when it is left out, each reset with the new
+size, and a failed job ends with one line naming the reason and the hosts lost (the runner
+prints it in place of guessing a rank).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "hvdkit elastic: "
+SUMMARY = "hvdkit run: elastic job stopped: "
+
+
+def _status(code: int) -> str:
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"status {code} ({signal.Signals(code - 128).name})"
+    if code < 0 and -code in signal.valid_signals():
+        return f"signal {signal.Signals(-code).name}"
+    return f"status {code}"
+
+
+@dataclass
+class Report:
+    """What the driver did, for the closing line."""
+
+    min_np: int | None = None
+    timeout: int | None = None
+    lost: dict[str, str] = field(default_factory=dict)  # host -> why
+    reason: str | None = None
+
+    cooldown: tuple[int, int] | None = None
+
+    def say(self, text: str) -> None:
+        print(PREFIX + text, file=sys.stderr, flush=True)
+
+    def summary(self) -> str:
+        lost = ", ".join(f"{host} ({why})" for host, why in self.lost.items()) or "none"
+        return f"{SUMMARY}{self.reason or 'a worker failed'}. Hosts lost: {lost}."
+
+
+def _safely(action: Any) -> None:
+    """Run a reporting ``action``; a failure to report must never stop the driver (a
+    raising hook in a driver thread leaves the job hanging)."""
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - reporting is best effort
+        print(f"{PREFIX}(could not report: {type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def install(report: Report) -> None:
+    """Wrap the driver's methods that decide (Horovod 0.28.1's names; checked on import)."""
+    from horovod.runner.elastic import constants
+    from horovod.runner.elastic.discovery import HostManager
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.elastic.registration import WorkerStateRegistry
+
+    handle_exit = ElasticDriver._handle_worker_exit
+    activate = ElasticDriver._activate_workers
+    resume = ElasticDriver.resume
+    stop = ElasticDriver.stop
+    blacklist = HostManager.blacklist
+    init = ElasticDriver.__init__
+
+    def driver_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+
+        def note() -> None:
+            report.min_np, report.timeout = self._min_num_proc, self._timeout
+            report.cooldown = kwargs.get("cooldown_range")
+
+        _safely(note)
+
+    def handle_worker_exit(self: Any, slot_info: Any, exit_code: int, timestamp: Any) -> None:
+        def note() -> None:
+            # After stop() the driver terminates the rest itself: those are not losses.
+            if exit_code != 0 and not self.finished() and self.has_rank_assignment(
+                slot_info.hostname, slot_info.local_rank
+            ):
+                report.lost.setdefault(
+                    slot_info.hostname, f"rank {slot_info.rank} exited with {_status(exit_code)}"
+                )
+
+        _safely(note)
+        handle_exit(self, slot_info, exit_code, timestamp)
+
+    def host_blacklist(self: Any, host: str) -> None:
+        def note() -> None:
+            if self.is_blacklisted(host):
+                return
+            after = (
+                "for {}..{} s, then tried again".format(*report.cooldown)
+                if report.cooldown
+                else "for the rest of the job"
+            )
+            why = report.lost.get(host, "a worker failed")
+            report.say(f"host {host} failed ({why}); left out {after}")
+
+        _safely(note)
+        blacklist(self, host)
+
+    def activate_workers(self: Any, min_num_proc: int) -> None:
+        activate(self, min_num_proc)
+
+        def note() -> None:
+            hosts = ", ".join(f"{h}:{len(s)}" for h, s in self.host_assignments.items())
+            report.say(f"{self.world_size()} process(es) on {hosts}")
+
+        _safely(note)
+
+    def driver_resume(self: Any) -> None:
+        try:
+            resume(self)
+        except Exception as exc:
+
+            def note() -> None:
+                slots = self._host_manager.current_hosts.count_available_slots()
+                report.reason = (
+                    f"{slots} slot(s) left, below --min-np {self._min_num_proc}, for "
+                    f"{self._timeout} s (--elastic-timeout)"
+                    if "Timed out" in str(exc)
+                    else f"could not restart the workers ({type(exc).__name__}: {exc})"
+                )
+
+            _safely(note)
+            raise
+
+    def driver_stop(self: Any, error_message: str | None = None) -> None:
+        def note() -> None:
+            if not error_message or report.reason is not None:
+                return
+            prefix = constants.RESET_LIMIT_EXCEEDED_MESSAGE.split("{")[0]
+            report.reason = (
+                f"--reset-limit {error_message.rsplit(':', 1)[-1].strip()} exceeded "
+                f"(the job was reset {self._worker_registry._reset_count} time(s) and "
+                "needed another)"
+                if error_message.startswith(prefix)
+                else error_message
+            )
+
+        _safely(note)
+        stop(self, error_message)
+
+    WorkerStateRegistry  # noqa: B018 - imported to fail early if Horovod's layout changed
+    ElasticDriver.__init__ = driver_init  # type: ignore[method-assign]
+    ElasticDriver._handle_worker_exit = handle_worker_exit  # type: ignore[method-assign]
+    ElasticDriver._activate_workers = activate_workers  # type: ignore[method-assign]
+    ElasticDriver.resume = driver_resume  # type: ignore[method-assign]
+    ElasticDriver.stop = driver_stop  # type: ignore[method-assign]
+    HostManager.blacklist = host_blacklist  # type: ignore[method-assign]

@@ -1,0 +1,140 @@
+"""hvdkit run's elastic options: checks, horovodrun arguments, discovery parsing (pure), and
+the discovery-script probe (a real subprocess: the thin part)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hvdkit.launch.discover import probe
+from hvdkit.launch.elastic import (
+    ElasticConfig,
+    ElasticError,
+    hostfile_discovery,
+    parse_discovery_output,
+)
+from hvdkit.launch.hostfile import Host
+from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe
+
+HOSTS = [Host("localhost", 1), Host("127.0.0.1", 1)]
+
+
+def plan(elastic: ElasticConfig, hosts=HOSTS, **kw):
+    config = LaunchConfig(command=("python", "t.py"), elastic=elastic, **kw)
+    return build_plan(config, hosts, available=("gloo", "mpi"), horovodrun="horovodrun")
+
+
+def test_elastic_argv_uses_horovods_flags_and_gloo():
+    config = ElasticConfig(
+        min_np=1, max_np=2, discovery="./d.sh", slots_per_host=2, reset_limit=3,
+        cooldown_range=(5, 60), elastic_timeout=30,
+    )  # fmt: skip
+    p = plan(config)
+    assert p.argv == [
+        "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2",
+        "--host-discovery-script", "./d.sh", "--slots-per-host", "2", "--reset-limit", "3",
+        "--blacklist-cooldown-range", "5", "60", "--elastic-timeout", "30", "--gloo",
+        "python", "t.py",
+    ]  # fmt: skip
+    assert p.controller == "gloo"  # even where MPI is available: Horovod's elastic is Gloo
+    text = describe(p)
+    assert "elastic: start 2 processes, keep between 1..2 (Gloo)" in text
+    assert "left out for 5..60 s" not in text and "for 5..60 s, then tried again" in text
+
+
+def test_fixed_host_list_offers_every_slot_and_needs_two_hosts():
+    p = plan(ElasticConfig(min_np=1), hosts=[Host("a", 2), Host("b", 2)], np=2)
+    assert p.argv[:5] == ["horovodrun", "-np", "2", "-H", "a:2,b:2"]
+    with pytest.raises(LaunchError, match="needs at least 2 hosts"):
+        plan(ElasticConfig(min_np=1), hosts=[Host("a", 4)])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "np", "message"),
+    [
+        ({"min_np": 3, "max_np": 2}, None, "--min-np 3 is above --max-np 2"),
+        ({"min_np": 0}, None, "--min-np 0: give at least 1"),
+        ({"min_np": 1, "cooldown_range": (0, 5)}, None, "1 <= MIN <= MAX <= 3600"),
+        ({"min_np": 1, "reset_limit": -1}, None, "--reset-limit -1"),
+        ({"min_np": 2}, 1, "-np 1 is below --min-np 2"),
+        ({"min_np": 1, "max_np": 1}, 2, "-np 2 is above --max-np 1"),
+    ],
+)
+def test_bad_elastic_options_are_refused_with_the_flag(kwargs, np, message):
+    with pytest.raises((ElasticError, LaunchError), match=message.replace(".", r"\.")):
+        plan(ElasticConfig(discovery="./d.sh", **kwargs), np=np)
+
+
+def test_elastic_with_mpi_is_refused():
+    with pytest.raises(LaunchError, match="elastic mode runs on Gloo only"):
+        plan(ElasticConfig(min_np=1, discovery="./d.sh"), controller="mpi")
+
+
+def test_default_np_is_every_slot_up_to_max_np():
+    assert ElasticConfig(min_np=1).initial_np(None, 4) == 4
+    assert ElasticConfig(min_np=1, max_np=3).initial_np(None, 4) == 3
+    assert ElasticConfig(min_np=2).initial_np(None, 1) == 2  # waits for the slot
+
+
+def test_discovery_output_is_parsed_and_bad_lines_named():
+    hosts = parse_discovery_output("a:2\n\nb\n", "script", default_slots=3)
+    assert [(h.name, h.slots) for h in hosts] == [("a", 2), ("b", 3)]
+    assert parse_discovery_output("", "script", None) == []
+    with pytest.raises(ElasticError, match="script: output line 2: .*host or host:slots"):
+        parse_discovery_output("a:2\nb slots=2\n", "script", None)
+    with pytest.raises(ElasticError, match="output line 1: .*IPv6"):
+        parse_discovery_output("fe80::1\n", "script", None)
+
+
+def test_hostfile_discovery_prints_the_hostfile_in_horovods_format(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two hosts\nlocalhost slots=2\nnode-b\n")
+    out = subprocess.run(
+        hostfile_discovery(str(hostfile), slots_per_host=4), shell=True, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == "localhost:2\nnode-b:4\n"
+    hostfile.write_text("localhost slots=two\n")  # being edited: fails, horovodrun retries
+    bad = subprocess.run(hostfile_discovery(str(hostfile)), shell=True, capture_output=True,
+                         text=True)  # fmt: skip
+    assert bad.returncode == 1 and f"{hostfile}:1: slots must be a whole number" in bad.stderr
+
+
+def test_probe_reports_missing_unexecutable_failing_and_bad_scripts(tmp_path):
+    script = tmp_path / "d.sh"
+    with pytest.raises(ElasticError, match="no such file"):
+        probe(str(script), None)
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    with pytest.raises(ElasticError, match="not executable. Fix: chmod \\+x"):
+        probe(str(script), None)
+    script.chmod(0o755)
+    assert [(h.name, h.slots) for h in probe(str(script), None)] == [("localhost", 2)]
+    script.write_text("#!/bin/sh\necho 'no route' >&2\nexit 3\n")
+    with pytest.raises(ElasticError, match="exited with status 3:\nno route"):
+        probe(str(script), None)
+    script.write_text("#!/bin/sh\necho 'localhost:x'\n")
+    with pytest.raises(ElasticError, match="output line 1"):
+        probe(str(script), None)
+    script.write_text("#!/bin/sh\nsleep 5\n")
+    with pytest.raises(ElasticError, match="still running after 1 s"):
+        probe(str(script), None, timeout=1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-np", "2"], "--max-np is for elastic jobs: add --min-np N"),
+        (["--min-np", "1", "--mpi"], "Horovod's elastic mode runs on Gloo only"),
+        (["--min-np", "1", "--host-discovery-script", "/nonexistent/d.sh"], "no such file"),
+    ],
+)
+def test_hvdkit_run_refuses_before_starting(args, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "hvdkit", "run", "-H", "localhost:1,127.0.0.1:1", *args, "--",
+         "python", "t.py"] if "--host-discovery-script" not in args else
+        [sys.executable, "-m", "hvdkit", "run", *args, "--", "python", "t.py"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr, out.stderr
