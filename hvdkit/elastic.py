@@ -68,13 +68,15 @@ class ElasticState(ObjectState):
 
     HANDLERS: ClassVar[list[tuple[type, type[Handler]]]] = []
 
-    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
-                 **kwargs: Any) -> None:
-        handlers, plain = {}, {}
+    def __init__(
+        self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int], **kwargs: Any
+    ) -> None:
+        handlers: dict[str, Handler] = {}
+        plain: dict[str, Any] = {}
         for name, value in kwargs.items():
-            handler = next((h for t, h in self.HANDLERS if isinstance(value, t)), None)
-            if handler is not None:
-                handlers[name] = handler(value)
+            kind = next((h for t, h in self.HANDLERS if isinstance(value, t)), None)
+            if kind is not None:
+                handlers[name] = kind(value)
             else:
                 plain[name] = value
         self.__dict__["_handlers"] = handlers

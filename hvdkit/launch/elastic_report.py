@@ -81,8 +81,10 @@ def install(report: Report) -> None:
     def handle_worker_exit(self: Any, slot_info: Any, exit_code: int, timestamp: Any) -> None:
         def note() -> None:
             # After stop() the driver terminates the rest itself: those are not losses.
-            if exit_code != 0 and not self.finished() and self.has_rank_assignment(
-                slot_info.hostname, slot_info.local_rank
+            if (
+                exit_code != 0
+                and not self.finished()
+                and self.has_rank_assignment(slot_info.hostname, slot_info.local_rank)
             ):
                 report.lost.setdefault(
                     slot_info.hostname, f"rank {slot_info.rank} exited with {_status(exit_code)}"
@@ -120,7 +122,7 @@ def install(report: Report) -> None:
             resume(self)
         except Exception as exc:
 
-            def note() -> None:
+            def note(exc: Exception = exc) -> None:
                 slots = self._host_manager.current_hosts.count_available_slots()
                 report.reason = (
                     f"{slots} slot(s) left, below --min-np {self._min_num_proc}, for "
@@ -149,9 +151,9 @@ def install(report: Report) -> None:
         stop(self, error_message)
 
     WorkerStateRegistry  # noqa: B018 - imported to fail early if Horovod's layout changed
-    ElasticDriver.__init__ = driver_init  # type: ignore[method-assign]
-    ElasticDriver._handle_worker_exit = handle_worker_exit  # type: ignore[method-assign]
-    ElasticDriver._activate_workers = activate_workers  # type: ignore[method-assign]
-    ElasticDriver.resume = driver_resume  # type: ignore[method-assign]
-    ElasticDriver.stop = driver_stop  # type: ignore[method-assign]
-    HostManager.blacklist = host_blacklist  # type: ignore[method-assign]
+    ElasticDriver.__init__ = driver_init
+    ElasticDriver._handle_worker_exit = handle_worker_exit
+    ElasticDriver._activate_workers = activate_workers
+    ElasticDriver.resume = driver_resume
+    ElasticDriver.stop = driver_stop
+    HostManager.blacklist = host_blacklist

@@ -4,7 +4,7 @@ The worker on host ``--kill-host`` SIGKILLs itself before step ``--kill-at`` (on
 file remembers it), so the survivors must restore the last commit and go on. Every rank that
 finishes prints a RESULT line: its final step, how many steps this process executed (the
 excess over ``--steps`` on a rank that ran from the start is what the kill cost), the world
-sizes it saw, a digest of its weights, and when its first step after the last reset ended.
+sizes it saw, a digest of its weights, and when its first step after each reset ended.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def main() -> None:
     )
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.9)
     state = elastic.TorchState(model, optimizer, scheduler=scheduler, sampler=sampler, step=0)
-    seen = {"executed": 0, "sizes": [], "resets": 0, "after_reset": None}
-    state.register_reset_callbacks([lambda: seen.update(resets=seen["resets"] + 1, after_reset=0)])
+    seen = {"executed": 0, "sizes": [], "recovered": [], "pending": False}
+    state.register_reset_callbacks([lambda: seen.update(pending=True)])
     marker = Path(args.marker)
 
     @elastic.run
@@ -78,8 +78,9 @@ def main() -> None:
                 seen["executed"] += 1
                 state.step += 1
                 sampler.record_batch(batch, loader.batch_size)
-                if seen["after_reset"] == 0:
-                    seen["after_reset"] = time.time()
+                if seen["pending"]:  # the first step after a reset has ended
+                    seen["recovered"].append(time.time())
+                    seen["pending"] = False
                 time.sleep(args.sleep)
                 if state.step % args.commit == 0:
                     state.commit()
@@ -94,8 +95,7 @@ def main() -> None:
         step=state.step,
         executed=seen["executed"],
         sizes=seen["sizes"],
-        resets=seen["resets"],
-        after_reset=seen["after_reset"],
+        recovered=seen["recovered"],
         lr=optimizer.param_groups[0]["lr"],
         digest=hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
     )

@@ -1,0 +1,106 @@
+"""Elastic jobs with real processes: ``hvdkit run --hostfile --min-np`` on two "hosts" of this
+machine (``localhost`` and ``127.0.0.1``, as Horovod's own elastic tests do), a worker
+SIGKILLed mid-epoch (tests/workers/elastic_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, WORKERS
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+HVDKIT = str(Path(sys.executable).parent / "hvdkit")
+COMMIT = 5
+
+
+def elastic_job(tmp_path: Path, *flags: str, worker: tuple[str, ...] = (), timeout: float = 180):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:1\n127.0.0.1:1\n")
+    marker = tmp_path / "killed"
+    argv = [HVDKIT, "run", "--hostfile", str(hostfile), *flags, "--", sys.executable,
+            str(WORKERS / "elastic_worker.py"), "--marker", str(marker), "--commit", str(COMMIT),
+            *worker]  # fmt: skip
+    started = time.monotonic()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    killed = json.loads(marker.read_text()) if marker.exists() else None
+    return out, killed, time.monotonic() - started
+
+
+def finished(out: subprocess.CompletedProcess) -> list[dict]:
+    decoder = json.JSONDecoder()
+    return [
+        decoder.raw_decode(line, line.index("RESULT ") + 7)[0]
+        for line in out.stdout.splitlines()
+        if "RESULT " in line
+    ]
+
+
+def test_killed_worker_costs_one_commit_interval_and_its_host_rejoins(tmp_path):
+    """kill -9 at step 17 (commit every 5): the survivor restores step 15 and goes on alone;
+    after the cooldown the host is listed again, a new worker joins and syncs, the job ends at
+    size 2 with both ranks' weights identical, and exits 0."""
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+        worker=("--steps", "80", "--kill-at", "17"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert killed is not None and killed["step"] == 17
+    ranks = finished(out)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    assert ranks[0]["lr"] == ranks[1]["lr"] == pytest.approx(0.05 * 0.9**8)  # scheduler synced
+    survivor = max(ranks, key=lambda r: r["executed"])  # ran from the start
+    rejoined = next(r for r in ranks if r is not survivor)
+    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
+    replayed = survivor["executed"] - 80
+    assert 0 <= replayed <= COMMIT, replayed
+    recovery = survivor["recovered"][0] - killed["time"]
+    print(f"elastic recovery: {recovery:.2f} s from the kill to the first step after restore, "
+          f"{replayed} step(s) replayed")  # fmt: skip
+    assert "host 127.0.0.1 failed (rank" in out.stderr and "SIGKILL" in out.stderr
+
+
+def test_survivors_below_min_np_fail_naming_the_lost_host(tmp_path):
+    out, killed, elapsed = elastic_job(
+        tmp_path, "--min-np", "2", "--elastic-timeout", "5", worker=("--kill-at", "10")
+    )
+    assert killed is not None and out.returncode != 0
+    assert (
+        "hvdkit run: elastic job stopped: 1 slot(s) left, below --min-np 2, for 5 s "
+        "(--elastic-timeout). Hosts lost: 127.0.0.1 (rank" in out.stderr
+    ), out.stderr[-3000:]
+    assert "localhost (" not in out.stderr.split("Hosts lost:")[1]  # stopped by the driver
+    assert "on host ?" not in out.stderr  # no guessed rank
+    assert elapsed < 90
+
+
+def test_reset_limit_exceeded_fails_naming_the_limit_and_host(tmp_path):
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--reset-limit", "1", "--blacklist-cooldown-range", "1", "2",
+        worker=("--steps", "80", "--kill-at", "10"),
+    )  # fmt: skip
+    assert killed is not None and out.returncode != 0
+    assert "hvdkit run: elastic job stopped: --reset-limit 1 exceeded" in out.stderr
+    assert "Hosts lost: 127.0.0.1 (rank" in out.stderr, out.stderr[-3000:]
+
+
+def test_elastic_example_trains_on_two_hosts(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:1\n127.0.0.1:1\n")
+    out = subprocess.run(
+        [HVDKIT, "run", "--hostfile", str(hostfile), "--min-np", "1", "--max-np", "2", "--",
+         sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "2"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "hvdkit elastic: 2 process(es) on" in out.stderr
+    assert "weights identical on all 2 ranks" in out.stdout
+    assert float(re.search(r"test accuracy: ([\d.]+)", out.stdout).group(1)) > 0.9
