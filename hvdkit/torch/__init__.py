@@ -82,7 +82,7 @@ from horovod.torch import (
     synchronize,
 )
 
-from hvdkit.torch import elastic
+from hvdkit.torch import elastic as elastic  # hvd.elastic, as in horovod.torch
 from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters
 from hvdkit.torch.optimizer import DistributedOptimizer, backward_and_step
 from hvdkit.torch.session import Session, setup
@@ -150,7 +150,6 @@ __all__ = [
     "remove_process_set",
     "rocm_built",
     "Session",
-    "elastic",
     "setup",
     "shutdown",
     "size",
