@@ -122,18 +122,19 @@ def test_probe_reports_missing_unexecutable_failing_and_bad_scripts(tmp_path):
         probe(str(script), None, timeout=1)
 
 
+TWO_HOSTS = ["-H", "localhost:1,127.0.0.1:1"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--max-np", "2"], "--max-np is for elastic jobs: add --min-np N"),
-        (["--min-np", "1", "--mpi"], "Horovod's elastic mode runs on Gloo only"),
+        ([*TWO_HOSTS, "--max-np", "2"], "--max-np is for elastic jobs: add --min-np N"),
+        ([*TWO_HOSTS, "--min-np", "1", "--mpi"], "Horovod's elastic mode runs on Gloo only"),
         (["--min-np", "1", "--host-discovery-script", "/nonexistent/d.sh"], "no such file"),
     ],
 )
 def test_hvdkit_run_refuses_before_starting(args, message):
     out = subprocess.run(
-        [sys.executable, "-m", "hvdkit", "run", "-H", "localhost:1,127.0.0.1:1", *args, "--",
-         "python", "t.py"] if "--host-discovery-script" not in args else
         [sys.executable, "-m", "hvdkit", "run", *args, "--", "python", "t.py"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

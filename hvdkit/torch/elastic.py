@@ -5,16 +5,15 @@
     from hvdkit.torch import elastic  # was: hvd.elastic
 
 What differs from Horovod's ``TorchState``: the model and the optimizer are synced with
-hvdkit's broadcasts (channels_last parameters; no spurious optimizer step on a fresh
-optimizer, which Horovod's takes at every sync); an LR scheduler given as a keyword is
-committed, restored and synced too (Horovod treats it as a plain object, so a restore left its
-step count ahead of the restored optimizer). The rank seen by :mod:`hvdkit.rank_zero` follows
-each reset.
+hvdkit's broadcasts (channels_last parameters; no spurious zero-gradient optimizer step,
+which Horovod's takes when it syncs an optimizer that has no state yet); an LR scheduler given
+as a keyword is committed, restored and synced too (Horovod treats it as a plain object, so a
+restore left its step count ahead of the restored optimizer). The rank seen by
+:mod:`hvdkit.rank_zero` follows each reset.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any, ClassVar
 
 import horovod.torch as _hvd
@@ -29,13 +28,7 @@ class _ObjectHandler(StateDictHandler):
     broadcast_object = staticmethod(_hvd.broadcast_object)
 
 
-class ModelHandler(Handler):
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
-
+class ModelHandler(_ObjectHandler):
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
