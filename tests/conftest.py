@@ -68,10 +68,14 @@ def results(out: subprocess.CompletedProcess) -> dict[int, dict]:
     by_rank = {}
     decoder = json.JSONDecoder()
     for piece in pieces:
+        # Untagged output (mpirun without --tag-output) can put two ranks' records on one
+        # line: print() writes the text and its newline separately, and another rank's text
+        # may land in between. Every record on a line is read.
         start = piece.text.find("RESULT ")
-        if start != -1:
-            value, _ = decoder.raw_decode(piece.text, start + len("RESULT "))
+        while start != -1:
+            value, end = decoder.raw_decode(piece.text, start + len("RESULT "))
             by_rank[value["rank"]] = value
+            start = piece.text.find("RESULT ", end)
     return by_rank
 
 
