@@ -129,12 +129,18 @@ class TwoHosts:
         log = str(self.tmp / f"sshd_{ns}.log")
         self._run("ip", "netns", "exec", ns, sshd, "-f", str(config), "-E", log)
         pidfile = self.tmp / f"sshd_{ns}.pid"
-        deadline = time.time() + 15  # the daemon writes its pid file after it forks
-        while not pidfile.exists() and time.time() < deadline:
+        # The daemon writes its pid file after it forks, and creating the file and writing the
+        # number are two steps: an empty file was read once (CI), so wait for a whole line.
+        deadline = time.time() + 15
+        text = ""
+        while time.time() < deadline:
+            text = pidfile.read_text() if pidfile.exists() else ""
+            if text.endswith("\n") and text.strip().isdigit():
+                break
             time.sleep(0.1)
-        if not pidfile.exists():
+        else:
             raise RuntimeError(f"sshd in {ns} did not start: {Path(log).read_text()[-500:]}")
-        self.sshd_pids[ns] = int(pidfile.read_text())
+        self.sshd_pids[ns] = int(text)
 
     def stop_sshd(self, ns: str) -> None:
         pid = self.sshd_pids.pop(ns, None)
