@@ -106,9 +106,12 @@ class ElasticState(ObjectState):
         super().sync()
 
 
-def make_run(hvd: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def make_run(
+    hvd: Any, translate: Callable[[BaseException], BaseException | None] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Horovod's ``elastic.run`` decorator for the Horovod module ``hvd``, with hvdkit's reset
-    (see the module docstring)."""
+    (see the module docstring). ``translate`` turns a framework's own error for a failed
+    Horovod op into the ``HorovodInternalError`` the loop recovers from (None: not one)."""
 
     def reset() -> None:
         started = time.monotonic()
@@ -121,7 +124,16 @@ def make_run(hvd: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         )
 
     def run(func: Callable[..., Any]) -> Callable[..., Any]:
-        wrapped = run_fn(func, reset)
+        def translated(state: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(state, *args, **kwargs)
+            except Exception as error:
+                internal = translate(error) if translate is not None else None
+                if internal is None:
+                    raise
+                raise internal from error
+
+        wrapped = run_fn(translated, reset)
 
         @functools.wraps(func)
         def start(state: Any, *args: Any, **kwargs: Any) -> Any:

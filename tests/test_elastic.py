@@ -5,6 +5,7 @@ SIGKILLed mid-epoch (tests/workers/elastic_worker.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,16 +21,23 @@ HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 COMMIT = 5
 
 
-def elastic_job(tmp_path: Path, *flags: str, worker: tuple[str, ...] = (), timeout: float = 180):
+def elastic_job(
+    tmp_path: Path,
+    *flags: str,
+    worker: tuple[str, ...] = (),
+    script: str = "elastic_worker.py",
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost:1\n127.0.0.1:1\n")
     marker = tmp_path / "killed"
     argv = [HVDKIT, "run", "--hostfile", str(hostfile), *flags, "--", sys.executable,
-            str(WORKERS / "elastic_worker.py"), "--marker", str(marker), "--commit", str(COMMIT),
+            str(WORKERS / script), "--marker", str(marker), "--commit", str(COMMIT),
             *worker]  # fmt: skip
     started = time.monotonic()
     out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                         stdin=subprocess.DEVNULL)  # fmt: skip
+                         stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})  # fmt: skip
     killed = json.loads(marker.read_text()) if marker.exists() else None
     return out, killed, time.monotonic() - started
 
@@ -66,6 +74,37 @@ def test_killed_worker_costs_one_commit_interval_and_its_host_rejoins(tmp_path):
     print(f"elastic recovery: {recovery:.2f} s from the kill to the first step after restore, "
           f"{replayed} step(s) replayed")  # fmt: skip
     assert "host 127.0.0.1 failed (rank" in out.stderr and "SIGKILL" in out.stderr
+
+
+@pytest.mark.parametrize("keras_backend", ["tensorflow", "torch"])
+def test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins(
+    tmp_path, keras_backend
+):
+    """The same kill on Horovod's Keras shape (``fit`` inside ``hvd.elastic.run``, the three
+    state callbacks, LR rescaled by a reset callback), on both Keras backends."""
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+        script="keras_elastic_worker.py", worker=("--kill-at", "17"),
+        env={"KERAS_BACKEND": keras_backend, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert killed is not None and killed["step"] == 17
+    ranks = finished(out)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    assert ranks[0]["steps"] == ranks[1]["steps"] and ranks[0]["epoch"] == ranks[1]["epoch"] == 3
+    assert ranks[0]["lr"] == ranks[1]["lr"] == pytest.approx(0.02 * 2)  # rescaled, then synced
+    survivor = max(ranks, key=lambda r: r["executed"])
+    rejoined = next(r for r in ranks if r is not survivor)
+    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
+    replayed = survivor["executed"] - survivor["steps"]
+    assert 0 <= replayed <= COMMIT, replayed
+    # 32 batches an epoch at 2 ranks, 64 at 1: the epoch cut short after the restore ran only
+    # what it had left, so the job took fewer steps than three full epochs at size 1.
+    assert survivor["steps"] < 3 * 64
+    recovery = survivor["recovered"][0] - killed["time"]
+    print(f"keras ({keras_backend}) elastic recovery: {recovery:.2f} s, {replayed} step(s) "
+          "replayed")  # fmt: skip
 
 
 def test_survivors_below_min_np_fail_naming_the_lost_host(tmp_path):

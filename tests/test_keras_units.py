@@ -120,3 +120,62 @@ def test_accumulation_refuses_loss_scaling_and_get_gradients_says_what_to_do():
     with pytest.raises(AttributeError, match="apply_gradients"):
         opt.get_gradients(None, [])
     assert opt._agg_helper is None  # Horovod's, without accumulation
+
+
+def _fit_counting(callbacks, epochs=3, rows=40, batch_size=8, **fit_kwargs):
+    """fit() a tiny model; returns the batches run in each epoch."""
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    counts: list[int] = []
+    count = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: counts.append(0),
+        on_train_batch_end=lambda batch, logs: counts.__setitem__(-1, counts[-1] + 1),
+    )
+    x = np.zeros((rows, 2), "float32")
+    model.fit(x, x[:, :1], batch_size=batch_size, epochs=epochs, verbose=0,
+              callbacks=[count, *callbacks], **fit_kwargs)  # fmt: skip
+    return counts
+
+
+def test_elastic_batch_state_cuts_only_the_first_epoch_after_a_reset():
+    from types import SimpleNamespace
+
+    from hvdkit.keras.elastic import UpdateBatchStateCallback, UpdateEpochStateCallback
+
+    state = SimpleNamespace(batch=3, epoch=1)  # a commit at batch 3 of epoch 1 (5 per epoch)
+    callbacks = [UpdateBatchStateCallback(state), UpdateEpochStateCallback(state)]
+    # Horovod's way of resuming: epochs=total - state.epoch (Keras counts from 0 again).
+    assert _fit_counting(callbacks, epochs=3 - state.epoch) == [2, 5]
+    assert state.batch == 0 and state.epoch == 3
+    state.batch, state.epoch = 4, 1  # and the other way: initial_epoch=state.epoch
+    assert _fit_counting(callbacks, epochs=3, initial_epoch=state.epoch) == [1, 5]
+    assert state.epoch == 3
+    state.batch, state.epoch = 0, 0  # no reset: nothing cut
+    assert _fit_counting(callbacks, epochs=2) == [5, 5] and state.epoch == 2
+
+
+def test_elastic_batch_cut_leaves_early_stopping_listed_after_it_alone():
+    from types import SimpleNamespace
+
+    from hvdkit.keras.elastic import UpdateBatchStateCallback
+
+    state = SimpleNamespace(batch=2, epoch=0)
+    stop = keras.callbacks.LambdaCallback()
+    stop.on_epoch_end = lambda epoch, logs=None: setattr(stop.model, "stop_training", True)
+    assert _fit_counting([UpdateBatchStateCallback(state), stop], epochs=3) == [3]
+
+
+def test_elastic_commit_callback_commits_every_n_batches_and_each_epoch_end():
+    from types import SimpleNamespace
+
+    from hvdkit.keras.elastic import CommitStateCallback
+
+    commits: list[int] = []
+    state = SimpleNamespace(commit=lambda: commits.append(1))
+    _fit_counting([CommitStateCallback(state, batches_per_commit=2)], epochs=2)
+    # Counted across epochs, as Horovod's: 10 batches give 5, plus 1 per epoch end.
+    assert len(commits) == 10 // 2 + 2
+    with pytest.raises(ValueError, match="batches_per_commit=0"):
+        CommitStateCallback(state, batches_per_commit=0)

@@ -32,6 +32,7 @@ import numpy as np
 
 from hvdkit import core
 from hvdkit.keras import backend, callbacks, collectives
+from hvdkit.keras import elastic as elastic  # hvd.elastic, as in horovod.tensorflow.keras
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.layers import SyncBatchNormalization
 from hvdkit.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
