@@ -43,7 +43,7 @@ class VariablesHandler(Handler):
     memory, assigned back on restore, broadcast from rank 0 on sync."""
 
     def variables(self) -> list[keras.Variable]:
-        local = getattr(self.value, "_hvdkit_local_vars", set())
+        local: set[int] = getattr(self.value, "_hvdkit_local_vars", set())
         return [v for v in self.value.variables if id(v) not in local]
 
     def save(self) -> None:
