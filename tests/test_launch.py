@@ -91,14 +91,17 @@ def wait_gone(pids: list[int], timeout: float = 30) -> bool:
     return not any(_alive(p) for p in pids)
 
 
-def test_ctrl_c_stops_every_rank():
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_stop_every_rank(sig):
+    """Ctrl-C, and SIGTERM (a CI or batch-system timeout): without the latter, hvdkit ended
+    alone and left horovodrun and the ranks running in their own session."""
     proc = subprocess.Popen(
         [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable, WORKER, "sleep"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         preexec_fn=interruptible,
     )  # fmt: skip
     pids = read_pids(proc, 2)
-    proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
+    proc.send_signal(getattr(signal, sig))  # SIGINT: what the terminal sends on Ctrl-C
     try:
         # communicate, not wait: the test must keep reading, or a full pipe would stop hvdkit.
         _, err = proc.communicate(timeout=60)
@@ -107,7 +110,7 @@ def test_ctrl_c_stops_every_rank():
         time.sleep(2)
         proc.kill()
         _, err = proc.communicate()
-        raise AssertionError("hvdkit run did not stop within 60 s of Ctrl-C:\n" + err[-6000:])
+        raise AssertionError(f"hvdkit run did not stop within 60 s of {sig}:\n" + err[-6000:])
     assert proc.returncode == 130, err[-3000:]
     assert wait_gone(pids), pids
 

@@ -3,6 +3,7 @@ output passed through live, Ctrl-C passed on, and a failing rank named at the en
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -169,7 +171,8 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
         pump.start()
     interrupted = False
     try:
-        code = proc.wait()
+        with _terminate_as_interrupt():
+            code = proc.wait()
     except KeyboardInterrupt:
         interrupted = True
         print("\nhvdkit run: interrupted, stopping every rank ...", file=sys.stderr, flush=True)
@@ -199,6 +202,23 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
     elif held:
         sys.stderr.writelines(held)
     return code
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a batch system's or CI's timeout, a closed terminal) stop the job as
+    Ctrl-C does. By default they would end hvdkit alone and leave horovodrun and every rank
+    running in their own session."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stop(proc: subprocess.Popen) -> int:
