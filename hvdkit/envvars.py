@@ -19,6 +19,10 @@ PROGRESS = "HVDKIT_PROGRESS"
 SYNC_CHECK = "HVDKIT_SYNC_CHECK"
 """``0`` (or ``false``/``off``/``no``) turns the sync guard off (:mod:`hvdkit.sync`)."""
 
+ELASTIC_STALL_TIMEOUT = "HVDKIT_ELASTIC_STALL_TIMEOUT"
+"""Seconds the elastic driver waits for a worker that stopped answering (set by ``hvdkit run
+--stall-timeout``; read in horovodrun's process)."""
+
 BENCH_THREADS = "HVDKIT_BENCH_THREADS"
 """Threads per rank in every ``hvdkit bench`` job (set by the bench for its workers)."""
 

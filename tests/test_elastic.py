@@ -107,6 +107,32 @@ def test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins(
           "replayed")  # fmt: skip
 
 
+def test_stopped_worker_is_counted_failed_within_a_bounded_time(tmp_path):
+    """SIGSTOP leaves the worker alive, so Horovod's driver alone would wait for it for ever:
+    the survivor's collective times out (HOROVOD_GLOO_TIMEOUT_SECONDS), and --stall-timeout s
+    after it registers again the stopped worker is counted failed, killed, and the job ends at
+    size 1 from the last commit."""
+    gloo, stall = 10, 10
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--stall-timeout", str(stall),
+        worker=("--steps", "40", "--kill-at", "12", "--signal", "SIGSTOP"),
+        env={"HOROVOD_GLOO_TIMEOUT_SECONDS": str(gloo)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert killed is not None
+    (survivor,) = finished(out)
+    assert survivor["sizes"] == [2, 1] and survivor["step"] == 40
+    assert 0 <= survivor["executed"] - 40 <= COMMIT
+    detected = survivor["recovered"][0] - killed["time"]
+    print(f"stopped worker: job went on after {detected:.1f} s ({gloo} s Gloo timeout + {stall} s)")
+    assert detected < gloo + stall + 20, detected
+    assert re.search(
+        r"host 127\.0\.0\.1 failed \(rank \d stopped answering: not back 10 s after the "
+        r"others \(--stall-timeout\)\)",
+        out.stderr,
+    ), out.stderr[-3000:]
+
+
 def test_survivors_below_min_np_fail_naming_the_lost_host(tmp_path):
     out, killed, elapsed = elastic_job(
         tmp_path, "--min-np", "2", "--elastic-timeout", "5", worker=("--kill-at", "10")

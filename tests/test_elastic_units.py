@@ -42,6 +42,9 @@ def test_elastic_argv_uses_horovods_flags_and_gloo():
     text = describe(p)
     assert "elastic: start 2 processes, keep between 1..2 (Gloo)" in text
     assert "left out for 5..60 s" not in text and "for 5..60 s, then tried again" in text
+    # hvdkit's own stall timeout reaches the driver hooks through the environment.
+    assert p.env["HVDKIT_ELASTIC_STALL_TIMEOUT"] == "30"
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS (default 30) + 30 s (--stall-timeout)" in text
 
 
 def test_fixed_host_list_offers_every_slot_and_needs_two_hosts():
@@ -58,6 +61,7 @@ def test_fixed_host_list_offers_every_slot_and_needs_two_hosts():
         ({"min_np": 0}, None, "--min-np 0: give at least 1"),
         ({"min_np": 1, "cooldown_range": (0, 5)}, None, "1 <= MIN <= MAX <= 3600"),
         ({"min_np": 1, "reset_limit": -1}, None, "--reset-limit -1"),
+        ({"min_np": 1, "stall_timeout": 0}, None, "--stall-timeout 0: give seconds >= 1"),
         ({"min_np": 2}, 1, "-np 1 is below --min-np 2"),
         ({"min_np": 1, "max_np": 1}, 2, "-np 2 is above --max-np 1"),
     ],
@@ -129,6 +133,7 @@ TWO_HOSTS = ["-H", "localhost:1,127.0.0.1:1"]
     ("args", "message"),
     [
         ([*TWO_HOSTS, "--max-np", "2"], "--max-np is for elastic jobs: add --min-np N"),
+        ([*TWO_HOSTS, "--stall-timeout", "5"], "--stall-timeout is for elastic jobs"),
         ([*TWO_HOSTS, "--min-np", "1", "--mpi"], "Horovod's elastic mode runs on Gloo only"),
         (["--min-np", "1", "--host-discovery-script", "/nonexistent/d.sh"], "no such file"),
     ],

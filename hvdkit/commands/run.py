@@ -85,6 +85,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seconds a failed host stays out before it may rejoin (default: for good)",
     )
     elastic.add_argument(
+        "--stall-timeout",
+        type=int,
+        metavar="S",
+        help="hvdkit: count a worker that stopped answering (SIGSTOP, a hang) as failed once the "
+        "others have waited S s for it at a reset (default 30)",
+    )
+    elastic.add_argument(
         "--elastic-timeout",
         type=int,
         metavar="S",
@@ -147,6 +154,7 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
                 ("--reset-limit", args.reset_limit),
                 ("--blacklist-cooldown-range", args.blacklist_cooldown_range),
                 ("--elastic-timeout", args.elastic_timeout),
+                ("--stall-timeout", args.stall_timeout),
             )
             if value is not None
         ]
@@ -168,6 +176,7 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
         reset_limit=args.reset_limit,
         cooldown_range=tuple(cooldown) if cooldown else None,
         elastic_timeout=args.elastic_timeout,
+        **({} if args.stall_timeout is None else {"stall_timeout": args.stall_timeout}),
     )
 
 

@@ -14,6 +14,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from hvdkit import envvars
 from hvdkit.launch.hostfile import Host, HostfileError, parse_entry
 
 
@@ -33,6 +34,7 @@ class ElasticConfig:
     reset_limit: int | None = None
     cooldown_range: tuple[int, int] | None = None
     elastic_timeout: int | None = None
+    stall_timeout: int = 30  # hvdkit's own: not a horovodrun flag
 
     def __post_init__(self) -> None:
         if self.min_np < 1:
@@ -46,6 +48,8 @@ class ElasticConfig:
             raise ElasticError(f"--reset-limit {self.reset_limit}: give 0 or more")
         if self.elastic_timeout is not None and self.elastic_timeout < 1:
             raise ElasticError(f"--elastic-timeout {self.elastic_timeout}: give seconds >= 1")
+        if self.stall_timeout < 1:
+            raise ElasticError(f"--stall-timeout {self.stall_timeout}: give seconds >= 1")
         if self.cooldown_range is not None:
             low, high = self.cooldown_range
             if not 1 <= low <= high <= 3600:
@@ -67,6 +71,10 @@ class ElasticConfig:
         if self.max_np is not None and np > self.max_np:
             raise ElasticError(f"-np {np} is above --max-np {self.max_np}")
         return np
+
+    def env(self) -> dict[str, str]:
+        """What hvdkit's driver hooks in horovodrun's process read (:mod:`elastic_report`)."""
+        return {envvars.ELASTIC_STALL_TIMEOUT: str(self.stall_timeout)}
 
     def argv(self) -> list[str]:
         """horovodrun's elastic arguments."""
@@ -141,5 +149,9 @@ def describe(config: ElasticConfig, hosts: list[Host], np: int) -> list[str]:
     lines.append(
         f"  resets allowed: {config.reset_limit if config.reset_limit is not None else 'no limit'}"
         f"; below --min-np the job waits {config.elastic_timeout or 600} s, then fails"
+    )
+    lines.append(
+        "  a stopped or hung worker: failed once the others have waited "
+        f"HOROVOD_GLOO_TIMEOUT_SECONDS (default 30) + {config.stall_timeout} s (--stall-timeout)"
     )
     return lines

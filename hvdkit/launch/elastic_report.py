@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,7 @@ class Report:
     reason: str | None = None
 
     cooldown: tuple[int, int] | None = None
+    stall_timeout: float = 30.0
 
     def say(self, text: str) -> None:
         print(PREFIX + text, file=sys.stderr, flush=True)
@@ -150,10 +153,78 @@ def install(report: Report) -> None:
         _safely(note)
         stop(self, error_message)
 
-    WorkerStateRegistry  # noqa: B018 - imported to fail early if Horovod's layout changed
+    watch_stalls(report, WorkerStateRegistry, ElasticDriver)
     ElasticDriver.__init__ = driver_init
     ElasticDriver._handle_worker_exit = handle_worker_exit
     ElasticDriver._activate_workers = activate_workers
     ElasticDriver.resume = driver_resume
     ElasticDriver.stop = driver_stop
     HostManager.blacklist = host_blacklist
+
+
+def watch_stalls(report: Report, registry: Any, driver: Any) -> None:
+    """Count a worker that stopped answering as failed, so the job goes on without it.
+
+    Horovod's driver learns that a worker failed only when its process exits. A stopped
+    (SIGSTOP, a frozen VM) or hung worker stays alive: the others' collective times out
+    (``HOROVOD_GLOO_TIMEOUT_SECONDS``), they register again for a new rendezvous, and the
+    driver's barrier waits for the missing one for ever. Here, ``report.stall_timeout`` s after
+    the first worker registers in a round, each assigned worker that has not registered is
+    recorded as failed: its host is blacklisted (Horovod then terminates its process) and the
+    others go on. A worker started less than ``stall_timeout`` s before that first
+    registration is still starting, and is left to start."""
+    start_worker = driver._start_worker_process
+    record = registry._record_state
+
+    def start_worker_process(self: Any, slot_info: Any) -> None:
+        def note() -> None:
+            started = self.__dict__.setdefault("_hvdkit_started", {})
+            started[(slot_info.hostname, slot_info.local_rank)] = time.monotonic()
+
+        _safely(note)
+        start_worker(self, slot_info)
+
+    def record_state(self: Any, host: str, slot: int, state: str) -> Any:
+        def note() -> None:
+            round_id = self._rendezvous_id
+            if getattr(self, "_hvdkit_watched", None) != round_id:
+                self._hvdkit_watched = round_id  # one timer per round
+                args = (self, round_id, time.monotonic())
+                timer = threading.Timer(report.stall_timeout, fail_missing, args)
+                timer.daemon = True
+                timer.start()
+
+        with self._lock:
+            _safely(note)
+        return record(self, host, slot, state)
+
+    def fail_missing(self: Any, round_id: int, first: float) -> None:
+        def missing() -> list[tuple[str, int, int]]:
+            started = getattr(self._driver, "_hvdkit_started", {})
+            with self._lock:
+                if self._rendezvous_id != round_id or self._driver.finished():
+                    return []
+                return [
+                    (slot.hostname, slot.local_rank, slot.rank)
+                    for slots in self._driver.host_assignments.values()
+                    for slot in slots
+                    if (slot.hostname, slot.local_rank) not in self._states
+                    and started.get((slot.hostname, slot.local_rank), first)
+                    < first - report.stall_timeout
+                ]
+
+        stalled: list[tuple[str, int, int]] = []
+        _safely(lambda: stalled.extend(missing()))
+        for host, local_rank, rank in stalled:
+            report.lost.setdefault(
+                host,
+                f"rank {rank} stopped answering: not back {report.stall_timeout:g} s after the "
+                "others (--stall-timeout)",
+            )
+            # record_failure waits at the driver's barrier, as the worker's own thread would.
+            threading.Thread(
+                target=self.record_failure, args=(host, local_rank), daemon=True
+            ).start()
+
+    driver._start_worker_process = start_worker_process
+    registry._record_state = record_state

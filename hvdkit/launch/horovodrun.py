@@ -22,6 +22,8 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 
+from hvdkit import envvars
+
 END = "\x1ehvdkit: horovodrun is done\x1e"
 """The last line of each stream (record separators: no program prints this by chance)."""
 
@@ -62,6 +64,7 @@ def main() -> int:
         from hvdkit.launch import elastic_report
 
         report = elastic_report.Report()
+        report.stall_timeout = float(os.environ.get(envvars.ELASTIC_STALL_TIMEOUT, "30"))
         elastic_report.install(report)
     code = 0
     try:

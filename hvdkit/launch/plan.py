@@ -234,6 +234,8 @@ def build_plan(
     env = forwarded_env(config.env, environ)
     if controller == "mpi":
         env = {k: v for k, v in MPI_DEFAULT_ENV.items() if k not in environ} | env
+    if elastic is not None:
+        env |= elastic.env()
     described = [] if elastic is None else describe_elastic(elastic, hosts, len(ranks))
     return LaunchPlan(argv, controller, ranks, env, described)
 
