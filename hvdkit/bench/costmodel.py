@@ -1,0 +1,114 @@
+"""The alpha-beta cost model of three allreduce schemes, and its fit to measured times.
+
+One message of ``S`` bytes between two ranks costs ``alpha + beta * S``: ``alpha`` is the
+latency (seconds per message), ``beta`` the inverse bandwidth (seconds per byte). An allreduce
+of ``S`` bytes over ``N`` ranks then costs ``alpha`` per message step on its critical path plus
+``beta`` per byte that the busiest rank's link carries along that path:
+
+- ``parameter_server``: the server receives every worker's gradient, then sends the average
+  back to each, one message at a time: ``2(N-1)`` steps, and its link carries ``2(N-1) S``.
+  Independent of ``N`` per worker, linear in ``N`` at the server: the bottleneck.
+- ``ring``: reduce-scatter then allgather, each ``N-1`` steps in which every rank sends
+  ``S/N`` bytes to its right neighbour while receiving ``S/N`` from its left one: ``2(N-1)``
+  steps, ``2(N-1)/N S`` per link, which tends to ``2S`` however large ``N`` grows.
+- ``gather_bcast`` (the d2l way: sum on one rank, broadcast back): a linear gather to the
+  root (``N-1`` messages of ``S`` into it), then a binomial-tree broadcast
+  (``ceil(log2 N)`` rounds of ``S``), the algorithms MPI libraries typically pick for these.
+
+The reduction arithmetic (the "gamma" term) is left out: the model counts messages and bytes.
+Pure Python on numbers, so it is tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SCHEMES: tuple[str, ...] = ("gather_bcast", "parameter_server", "ring")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one allreduce of ``S`` bytes over ``N`` ranks puts on its critical path."""
+
+    steps: int
+    """Sequential message steps (each pays ``alpha``)."""
+    link_bytes: float
+    """Bytes through the busiest rank's link, in and out, as the model serialises them."""
+    sent_bytes: float
+    """Bytes the busiest rank sends."""
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A fitted latency ``alpha`` (s per message) and inverse bandwidth ``beta`` (s per byte)."""
+
+    alpha: float
+    beta: float
+
+    @property
+    def bandwidth(self) -> float:
+        """``1 / beta`` in bytes/s."""
+        return 1.0 / self.beta
+
+    def time(self, cost: Cost) -> float:
+        """Predicted seconds for a scheme's :class:`Cost`."""
+        return cost.steps * self.alpha + cost.link_bytes * self.beta
+
+
+def tree_rounds(ranks: int) -> int:
+    """Rounds of a binomial-tree broadcast over ``ranks`` ranks: ``ceil(log2 ranks)``."""
+    return math.ceil(math.log2(ranks)) if ranks > 1 else 0
+
+
+def cost(scheme: str, ranks: int, nbytes: float) -> Cost:
+    """Steps and bytes of ``scheme`` (one of :data:`SCHEMES`) for ``nbytes`` over ``ranks``."""
+    if ranks < 1 or nbytes < 0:
+        raise ValueError(f"bad arguments: ranks={ranks}, nbytes={nbytes}")
+    n = ranks
+    if scheme == "parameter_server":
+        return Cost(2 * (n - 1), 2 * (n - 1) * nbytes, (n - 1) * nbytes)
+    if scheme == "ring":
+        per_link = 2 * (n - 1) / n * nbytes
+        # Sends and receives of a Sendrecv step overlap, so the link carries one direction.
+        return Cost(2 * (n - 1), per_link, per_link)
+    if scheme == "gather_bcast":
+        rounds = tree_rounds(n)
+        return Cost(n - 1 + rounds, (n - 1 + rounds) * nbytes, rounds * nbytes)
+    raise ValueError(f"unknown scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+
+
+def predict(model: AlphaBeta, scheme: str, ranks: int, nbytes: float) -> float:
+    """Seconds the model predicts for one allreduce of ``nbytes`` over ``ranks`` ranks."""
+    return model.time(cost(scheme, ranks, nbytes))
+
+
+def fit(steps: Sequence[float], nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """Least-squares ``seconds ~ alpha * steps + beta * nbytes`` in relative error.
+
+    Each point weighs ``1 / seconds**2``, so a 4 KiB message counts as much as a 16 MiB one
+    (plain least squares would let the largest sizes fix both numbers and leave ``alpha`` to
+    noise). A negative ``alpha`` (latency below the noise) is set to 0 and ``beta`` refitted.
+    """
+    if not (len(steps) == len(nbytes) == len(seconds)) or len(seconds) < 2:
+        raise ValueError("need at least two (steps, bytes, seconds) points of equal length")
+    if min(seconds) <= 0:
+        raise ValueError("times must be positive")
+    w = [1.0 / t**2 for t in seconds]
+    smm = sum(wi * m * m for wi, m in zip(w, steps, strict=True))
+    smb = sum(wi * m * b for wi, m, b in zip(w, steps, nbytes, strict=True))
+    sbb = sum(wi * b * b for wi, b in zip(w, nbytes, strict=True))
+    smt = sum(wi * m * t for wi, m, t in zip(w, steps, seconds, strict=True))
+    sbt = sum(wi * b * t for wi, b, t in zip(w, nbytes, seconds, strict=True))
+    det = smm * sbb - smb * smb
+    if det > 0:
+        alpha, beta = (smt * sbb - sbt * smb) / det, (sbt * smm - smt * smb) / det
+        if alpha >= 0 and beta > 0:
+            return AlphaBeta(alpha, beta)
+    if sbb <= 0:
+        raise ValueError("cannot fit beta: every message is empty")
+    beta = sbt / sbb
+    if beta <= 0:
+        raise ValueError("times do not grow with message size: no bandwidth to fit")
+    return AlphaBeta(0.0, beta)
