@@ -70,7 +70,9 @@ class SetupConfig:
     ``lr_scaling``: ``size`` (default), ``local_size`` (the usual choice with Adasum) or
     ``none``. Warmup goes from the single-process LR to the scaled one over ``warmup_epochs``
     (needs ``steps_per_epoch``) or ``warmup_steps``. ``checkpoint`` is a file path; with
-    ``resume`` it is loaded on rank 0 and broadcast when it exists.
+    ``resume`` it is loaded on rank 0 and broadcast when it exists. ``elastic`` makes the
+    session survive lost and added workers (``hvdkit run --min-np``), committing its state in
+    memory every ``commit_every`` optimizer steps and at each epoch end.
     """
 
     lr_scaling: LrScaling = "size"
@@ -83,6 +85,8 @@ class SetupConfig:
     checkpoint: Path | None = None
     resume: bool = True
     root_rank: int = 0
+    elastic: bool = False
+    commit_every: int = 10
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_POLICIES:
@@ -93,6 +97,12 @@ class SetupConfig:
             raise ValueError(f"compression={self.compression!r}: use one of {COMPRESSIONS}")
         if self.backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
+        if self.commit_every < 1:
+            raise ValueError(f"commit_every={self.commit_every}: commit every 1 step or more")
+        if self.elastic and self.root_rank != 0:
+            raise ValueError(
+                "elastic=True needs root_rank=0: after a reset, rank 0 holds the state"
+            )
         # Validates the warmup arguments early, before any process starts talking.
         warmup_steps(
             epochs=self.warmup_epochs, steps=self.warmup_steps, steps_per_epoch=self.steps_per_epoch
@@ -114,6 +124,8 @@ class SetupOptions(TypedDict, total=False):
     backward_passes_per_step: int
     resume: bool
     root_rank: int
+    elastic: bool
+    commit_every: int
 
 
 def start(init: Callable[[], Topology], pin_device: Callable[[Topology], None]) -> Topology:
@@ -170,13 +182,15 @@ class Adapter(abc.ABC):
             self._scale_lr(self.warmup)
         self._resume()
 
-    def _resume(self) -> None:
+    def _resume(self, *, read_checkpoint: bool = True) -> None:
         """Steps 5 and 4 (collective): rank 0 reads and applies the checkpoint if there is one,
-        then model and optimizer are broadcast from it, then what else it resumed."""
+        then model and optimizer are broadcast from it, then what else it resumed. An elastic
+        reset runs it again with ``read_checkpoint=False``: the same collectives as a joining
+        worker's ``setup()``, with rank 0's state in memory in place of the file."""
         cfg = self.config
         self._prepare_state()
         state, error = None, None
-        if cfg.resume and cfg.checkpoint is not None and self.is_root:
+        if read_checkpoint and cfg.resume and cfg.checkpoint is not None and self.is_root:
             path = Path(cfg.checkpoint)
             if path.exists():
                 try:
@@ -189,6 +203,17 @@ class Adapter(abc.ABC):
         self._broadcast_state()
         info = self._broadcast_object(self._resume_info(state) if state is not None else None)
         self.resumed = None if info is None else self._apply_resume_info(info)
+
+    def rescale(self, topology: Topology) -> None:
+        """After an elastic reset: take the new ``topology`` and scale the LR to its size (the
+        same rule as at setup; a warmup in progress goes on at its step, towards the new
+        factor)."""
+        cfg = self.config
+        assert self.warmup is not None, "call setup() first"
+        old, self.topology = self.warmup, topology
+        factor = scale_factor(cfg.lr_scaling, topology.size, topology.local_size)
+        self.warmup = Warmup(factor=factor, steps=old.steps)
+        self._rescale_lr(old, self.warmup)
 
     def _check_format(self, path: Path, state: Any) -> None:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
@@ -250,6 +275,28 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def _scale_lr(self, warmup: Warmup) -> None:
         """Step 6: apply ``warmup.multiplier(step)`` to the user's LR at each optimizer step."""
+
+    def _rescale_lr(self, old: Warmup, new: Warmup) -> None:  # noqa: B027 - optional hook
+        """After an elastic reset: move the LR scaling from ``old`` to ``new`` (an adapter
+        whose step reads ``self.warmup`` needs nothing)."""
+
+    def _snapshot(self) -> Any:
+        """Elastic: a copy in host memory of everything a step changes (weights, optimizer
+        and scheduler state, step counters), for :meth:`_restore_snapshot`."""
+        raise NotImplementedError(f"{self.MODULE}: elastic sessions are not supported")
+
+    def _restore_snapshot(self, snapshot: Any) -> None:
+        """Elastic: put a :meth:`_snapshot` back."""
+        raise NotImplementedError(f"{self.MODULE}: elastic sessions are not supported")
+
+    def _position(self) -> dict[str, Any]:
+        """Elastic: where training is, as picklable values a joining worker takes from rank 0
+        (epoch, step, what step 4 does not broadcast)."""
+        raise NotImplementedError(f"{self.MODULE}: elastic sessions are not supported")
+
+    def _set_position(self, position: dict[str, Any]) -> None:
+        """Elastic: take a :meth:`_position` (rank 0's, or this rank's last commit)."""
+        raise NotImplementedError(f"{self.MODULE}: elastic sessions are not supported")
 
     def _prepare_state(self) -> None:  # noqa: B027 - optional hook
         """Every rank, before steps 5 and 4: make sure the state to load and broadcast exists

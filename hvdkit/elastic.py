@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.elastic import ObjectState, State, run_fn
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from hvdkit import rank_zero
+from hvdkit.core import Topology
 
 
 class Handler(abc.ABC):
@@ -143,3 +145,132 @@ def make_run(
         return start
 
     return run
+
+
+class _Commit(State):
+    """Horovod's ``State`` for a session: ``commit()`` (save, then the host-update check all
+    ranks take together) and the host-update queue the worker's notification service fills."""
+
+    def __init__(self, owner: SessionElastic) -> None:
+        self.owner = owner
+        super().__init__(bcast_object=owner.broadcast_object, get_rank=owner.hvd.rank)
+
+    def save(self) -> None:
+        self.owner.saved = (self.owner.adapter._snapshot(), self.owner.position())
+
+    def restore(self) -> None:
+        assert self.owner.saved is not None, "nothing committed yet"
+        snapshot, position = self.owner.saved
+        self.owner.adapter._restore_snapshot(snapshot)
+        self.owner.set_position(position)
+
+    def sync(self) -> None:
+        self.owner.sync()
+
+
+class SessionElastic:
+    """The elastic side of a six-step session (``setup(..., elastic=True)``), shared by both
+    frameworks' sessions: the session calls :meth:`step_done` after each optimizer step and
+    :meth:`commit` at each epoch end, and runs its own collectives through :meth:`guard`.
+
+    A lost worker makes a collective raise ``HorovodInternalError`` on every survivor; an added
+    one makes the next commit raise ``HostsUpdatedInterrupt``. Either way :meth:`recover` puts
+    back the last commit (after a loss), re-initialises Horovod at the new size, rescales the
+    LR (:meth:`hvdkit.core.Adapter.rescale`), and syncs from rank 0 with the same collectives a
+    joining worker's ``setup()`` runs, so the two meet. ``generation`` counts recoveries: the
+    session's data loader restarts from the restored position when it changes.
+
+    ``position``/``set_position`` carry the session's own place (e.g. samples done in the
+    epoch) besides the adapter's; ``on_reset`` runs after each recovery."""
+
+    def __init__(
+        self,
+        hvd: Any,
+        adapter: Any,
+        broadcast_object: Callable[[Any], Any],
+        position: Callable[[], dict[str, Any]],
+        set_position: Callable[[dict[str, Any]], None],
+        on_reset: Callable[[], None],
+    ) -> None:
+        from horovod.common.elastic import notification_manager
+
+        self.hvd, self.adapter = hvd, adapter
+        self.broadcast_object = broadcast_object
+        self._position, self._set_position, self._on_reset = position, set_position, on_reset
+        self.every = adapter.config.commit_every
+        self.generation = 0
+        self.since_commit = 0
+        self.saved: tuple[Any, dict[str, Any]] | None = None
+        self.state = _Commit(self)
+        notification_manager.init()  # a no-op outside an elastic job
+        notification_manager.register_listener(self.state)
+        self.sync_position()  # setup() has run step 4: the rest of a joining worker's sync
+        self.state.save()
+
+    def position(self) -> dict[str, Any]:
+        return {"adapter": self.adapter._position(), "session": self._position()}
+
+    def set_position(self, position: dict[str, Any]) -> None:
+        self.adapter._set_position(position["adapter"])
+        self._set_position(position["session"])
+
+    def sync_position(self) -> None:
+        self.set_position(self.broadcast_object(self.position()))
+
+    def sync(self) -> None:
+        self.adapter._resume(read_checkpoint=False)
+        self.sync_position()
+
+    def step_done(self) -> None:
+        """After an optimizer step: commit every ``commit_every`` steps."""
+        self.since_commit += 1
+        if self.since_commit >= self.every:
+            self.commit()
+
+    def commit(self) -> None:
+        """Save the state in host memory and take the pending host changes (collective)."""
+        try:
+            self.state.commit()
+            self.since_commit = 0
+        except HostsUpdatedInterrupt:
+            self.recover(failed=False)
+        except HorovodInternalError:
+            self.recover(failed=True)
+
+    def guard(self, collective: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run a session collective: ``(True, result)``, or ``(False, None)`` when a worker was
+        lost during it (the session has recovered; the caller may run it again)."""
+        try:
+            return True, collective()
+        except HorovodInternalError:
+            self.recover(failed=True)
+            return False, None
+
+    def recover(self, *, failed: bool) -> None:
+        """Back to the last commit (``failed``: a worker was lost), Horovod at the new size,
+        the LR rescaled, and the state synced from rank 0. Repeated while workers keep
+        failing during it, as Horovod's own loop does."""
+        started, lost = time.monotonic(), self.since_commit if failed else 0
+        while True:
+            try:
+                if failed:
+                    self.state.restore()
+                self.hvd.shutdown()
+                self.hvd.init()
+                topology = Topology.of(self.hvd)
+                rank_zero.set_rank(topology.rank)
+                self.adapter.rescale(topology)
+                self.state.on_reset()
+                self.sync()
+                self.state.save()
+                break
+            except HorovodInternalError:
+                failed = True
+        self.since_commit = 0
+        self.generation += 1
+        self._on_reset()
+        rank_zero.print0(
+            f"hvdkit elastic: {'a worker was lost' if failed else 'workers were added'}; "
+            f"{topology.size} process(es) after {time.monotonic() - started:.1f} s, "
+            f"{lost} step(s) since the last commit redone, LR x{self.adapter.warmup.factor:g}"
+        )

@@ -107,6 +107,36 @@ def test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins(
           "replayed")  # fmt: skip
 
 
+def test_session_elastic_true_survives_a_kill_with_the_plain_session_loop(tmp_path):
+    """``hvdkit.torch.setup(..., elastic=True)`` with the unchanged session loop
+    (``session.epochs``, ``session.shard``, ``backward_and_step``): kill -9 mid-epoch, the
+    survivor goes back to the last commit, the LR multiplier follows the size (x1 alone, x2
+    again after the rejoin), the data is re-split (the last epoch covers every sample once
+    between the two ranks), and the ranks end identical."""
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+        script="session_elastic_worker.py", worker=("--kill-at", "17"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert killed is not None and killed["step"] == 17
+    ranks = finished(out)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"] and ranks[0]["steps"] == ranks[1]["steps"]
+    assert all(r["epoch"] == 4 and r["multiplier"] == 2.0 for r in ranks)
+    survivor = max(ranks, key=lambda r: r["executed"])
+    rejoined = next(r for r in ranks if r is not survivor)
+    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
+    replayed = survivor["executed"] - survivor["steps"]
+    assert 0 <= replayed <= COMMIT, replayed
+    assert "a worker was lost; 1 process(es) after" in out.stdout
+    assert "LR x1" in out.stdout and "workers were added; 2 process(es)" in out.stdout
+    if all(r["last_epoch_sizes"] == [2] for r in ranks):  # the rejoin came before it began
+        indices = sorted(i for part in survivor["last_epoch_indices"] for i in part)
+        assert indices == list(range(512))
+    recovery = survivor["recovered"][0] - killed["time"]
+    print(f"session elastic recovery: {recovery:.2f} s, {replayed} step(s) replayed")
+
+
 def test_stopped_worker_is_counted_failed_within_a_bounded_time(tmp_path):
     """SIGSTOP leaves the worker alive, so Horovod's driver alone would wait for it for ever:
     the survivor's collective times out (HOROVOD_GLOO_TIMEOUT_SECONDS), and --stall-timeout s

@@ -7,11 +7,13 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import WORKERS, results
 from netns import TwoHosts, ensure_tools
+from test_elastic import finished
 from test_launch import read_pids, wait_gone
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -96,4 +98,48 @@ def test_hvdkit_run_and_doctor_across_two_ssh_hosts(two_hosts, capsys):
             f"\n[two-host ssh test] ranks ran in {namespaces} via sshd at "
             f"{list(two_hosts.hosts.values())}; allreduce {r[0]['sum']}; doctor named {addr} "
             f"once its sshd was stopped; bench busbw across them {max(busbw):.2f} GB/s peak"
+        )
+
+
+def test_elastic_kill_across_two_ssh_hosts(two_hosts, capsys):
+    """The elastic kill of tests/test_elastic.py across the two sshd hosts: the worker on the
+    second host is SIGKILLed at step 17 (commit every 5); the survivor restores step 15 and goes
+    on alone, the host is listed again after its cooldown, a new worker starts there over ssh,
+    and the job ends at size 2 with identical weights on both hosts."""
+    hostfile = str(two_hosts.hostfile())
+    first, second = two_hosts.hosts.values()  # HOROVOD_HOSTNAME: the name in the hostfile
+    marker = two_hosts.tmp / "killed"  # one filesystem: only the network is namespaced
+    commit = 5
+    started = time.monotonic()
+    out = two_hosts.run_in_launcher(
+        [HVDKIT, "run", "--hostfile", hostfile, "--min-np", "1", "--max-np", "2",
+         "--blacklist-cooldown-range", "1", "2", "--", sys.executable,
+         str(WORKERS / "elastic_worker.py"), "--marker", str(marker), "--commit", str(commit),
+         "--steps", "80", "--kill-at", "17", "--kill-host", second, "--print-netns"],
+        timeout=400,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    killed = json.loads(marker.read_text()) if marker.exists() else None
+    assert killed is not None and killed["step"] == 17, out.stderr[-3000:]
+    ranks = finished(out)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    assert ranks[0]["lr"] == ranks[1]["lr"] == pytest.approx(0.05 * 0.9**8)  # scheduler synced
+    survivor = max(ranks, key=lambda r: r["executed"])  # ran from the start
+    rejoined = next(r for r in ranks if r is not survivor)
+    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
+    replayed = survivor["executed"] - 80
+    assert 0 <= replayed <= commit, replayed
+    # The survivor stayed on the first host; its replacement started on the second, over ssh.
+    namespaces = [two_hosts.netns_id(ns) for ns in two_hosts.hosts]
+    assert [survivor["netns"], rejoined["netns"]] == namespaces, ranks
+    tail = out.stderr[-3000:]
+    assert f"host {second} failed (rank" in out.stderr and "SIGKILL" in out.stderr, tail
+    recovery = survivor["recovered"][0] - killed["time"]
+    with capsys.disabled():
+        print(
+            f"\n[two-host ssh elastic] {second} killed at step 17; the survivor on {first} went "
+            f"on {recovery:.2f} s after the kill, {replayed} step(s) replayed; the host rejoined "
+            f"and the job ended at size 2 ({elapsed:.1f} s in all)"
         )

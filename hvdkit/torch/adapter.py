@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 import random
 from pathlib import Path
@@ -96,8 +97,10 @@ class TorchAdapter(Adapter):
 
         def step(*args: Any, **kwargs: Any) -> Any:
             # The multiplier is applied around the step only, so the user's scheduler keeps
-            # seeing (and setting) single-process LRs and composes with the scaling.
-            multiplier = warmup.multiplier(self.step_count)
+            # seeing (and setting) single-process LRs and composes with the scaling. It is
+            # read from self.warmup, which an elastic reset replaces.
+            assert self.warmup is not None
+            multiplier = self.warmup.multiplier(self.step_count)
             saved = [group["lr"] for group in self.optimizer.param_groups]
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] * multiplier
@@ -174,6 +177,26 @@ class TorchAdapter(Adapter):
 
     def _write_checkpoint(self, path: Path, state: dict[str, Any]) -> Path:
         return atomic_write(path, lambda fh: torch.save(state, fh))
+
+    def _snapshot(self) -> dict[str, Any]:
+        return copy.deepcopy(
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        )
+
+    def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        snapshot = copy.deepcopy(snapshot)
+        self.model.load_state_dict(snapshot["model"])
+        self.optimizer.load_state_dict(snapshot["optimizer"])  # also drops pending allreduces
+
+    def _position(self) -> dict[str, Any]:
+        scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
+        return copy.deepcopy({"epoch": self.epoch, "step": self.step_count, "scheduler": scheduler})
+
+    def _set_position(self, position: dict[str, Any]) -> None:
+        position = copy.deepcopy(position)
+        self.epoch, self.step_count = position["epoch"], position["step"]
+        if self.scheduler is not None and position["scheduler"] is not None:
+            self.scheduler.load_state_dict(position["scheduler"])
 
     def _broadcast_object(self, obj: Any) -> Any:
         return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")

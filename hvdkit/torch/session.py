@@ -8,25 +8,70 @@ from typing import Any, Unpack, cast
 
 import horovod.torch as hvd
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
 from hvdkit import rank_zero, sync
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.devices import cores_per_process
+from hvdkit.elastic import SessionElastic
 from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import backward_and_step
 
 
+class _ElasticSampler(Sampler[int]):
+    """An elastic session's shard: the epoch's order (the same as ``DistributedSampler``'s
+    with the same seed) past the samples all ranks have done, split over the ranks there are
+    now. Read at each iteration, so a reset re-splits what is left of the epoch."""
+
+    def __init__(
+        self, length: int, session: Session, shuffle: bool, seed: int, drop_last: bool
+    ) -> None:
+        self.length, self.session = length, session
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+
+    def _rows(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.session.epoch)
+            order = torch.randperm(self.length, generator=g).tolist()
+        else:
+            order = list(range(self.length))
+        rest, size = order[self.session._offset :], self.session.size
+        if self.drop_last:
+            rest = rest[: len(rest) - len(rest) % size]
+        elif rest and len(rest) % size:
+            rest += (rest * size)[: size - len(rest) % size]  # every rank the same count
+        return rest[self.session.rank :: size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows())
+
+    def __len__(self) -> int:
+        return len(self._rows())
+
+
 class _EpochLoader:
     """A DataLoader whose sampler is told the session's epoch each time it is iterated, so
-    every epoch is shuffled differently and identically on every rank."""
+    every epoch is shuffled differently and identically on every rank. In an elastic session
+    it also restarts from the restored position when the session recovers mid-epoch."""
 
-    def __init__(self, loader: DataLoader, sampler: DistributedSampler, session: Session) -> None:
+    def __init__(self, loader: DataLoader, sampler: Any, session: Session) -> None:
         self.loader, self.sampler, self.session = loader, sampler, session
 
     def __iter__(self) -> Iterator[Any]:
-        self.sampler.set_epoch(self.session.epoch)
-        return iter(self.loader)
+        elastic = self.session._elastic
+        if elastic is None:
+            self.sampler.set_epoch(self.session.epoch)
+            yield from self.loader
+            return
+        while True:
+            generation = elastic.generation
+            for batch in self.loader:
+                self.session._batch_samples = (self.loader.batch_size or 1) * self.session.size
+                yield batch
+                if elastic.generation != generation:
+                    break  # recovered: go on from the restored position, re-split
+            else:
+                return
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -42,6 +87,23 @@ class Session:
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
         self._steps = 0
+        self._offset = 0  # samples of this epoch done by all ranks (elastic)
+        self._batch_samples = 0
+        self._elastic: SessionElastic | None = None
+        if adapter.config.elastic:
+            self._elastic = SessionElastic(
+                hvd,
+                adapter,
+                lambda obj: hvd.broadcast_object(obj, 0, name="hvdkit.elastic"),
+                position=lambda: {"offset": self._offset},
+                set_position=lambda p: setattr(self, "_offset", p["offset"]),
+                on_reset=self._after_reset,
+            )
+
+    def _after_reset(self) -> None:
+        assert self._adapter.topology is not None
+        self.topology = self._adapter.topology
+        self._steps = 0  # every rank, joined or not, checks the sync after its next step
 
     model = property(lambda self: self._adapter.model)
     optimizer = property(lambda self: self._adapter.optimizer)
@@ -58,7 +120,16 @@ class Session:
         return self._adapter.warmup.multiplier(self._adapter.step_count)
 
     def epochs(self, total: int) -> Iterator[int]:
-        """``for epoch in session.epochs(n)``: resumes after the last saved epoch."""
+        """``for epoch in session.epochs(n)``: resumes after the last saved epoch. Elastic:
+        commits at each epoch end, and goes on from where a reset left it."""
+        if self._elastic is not None:
+            while self._adapter.epoch < total:
+                epoch = self._adapter.epoch
+                yield epoch
+                self._adapter.epoch, self._offset = epoch + 1, 0
+                self.check_sync(f"at the end of epoch {epoch + 1}")
+                self._elastic.commit()
+            return
         start = self._adapter.epoch
         for epoch in range(start, total):
             self._adapter.epoch = epoch
@@ -75,8 +146,21 @@ class Session:
             return
         named = list(self.model.named_parameters())
         local = sync.fingerprint([p.detach().cpu().double().numpy() for _, p in named])
-        gathered = hvd.allgather(torch.from_numpy(local)[None], name="hvdkit.sync").numpy()
-        sync.check([name for name, _ in named], gathered, where)
+        ok, gathered = self._collective(
+            lambda: hvd.allgather(torch.from_numpy(local)[None], name="hvdkit.sync").numpy()
+        )
+        if ok:  # after a reset the state was just synced: nothing to compare
+            sync.check([name for name, _ in named], gathered, where)
+
+    def _collective(self, run: Any, *, again: bool = False) -> tuple[bool, Any]:
+        """Run one of the session's collectives; in an elastic session, recover when a worker
+        is lost during it, and with ``again`` run it once more in the new world."""
+        if self._elastic is None:
+            return True, run()
+        ok, result = self._elastic.guard(run)
+        if not ok and again:
+            ok, result = self._elastic.guard(run)
+        return ok, result
 
     def shard(
         self,
@@ -104,14 +188,19 @@ class Session:
             rows = range(self.rank, len(cast(Sized, dataset)), self.size)  # a map-style dataset
             subset = Subset(dataset, rows)
             return DataLoader(subset, batch_size=batch_size, shuffle=False, **loader_kwargs)
-        sampler: DistributedSampler = DistributedSampler(
-            dataset,
-            num_replicas=self.size,
-            rank=self.rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-        )
+        sampler: Any
+        if self._elastic is not None:
+            length = len(cast(Sized, dataset))
+            sampler = _ElasticSampler(length, self, shuffle, seed, drop_last)
+        else:
+            sampler = DistributedSampler(
+                dataset,
+                num_replicas=self.size,
+                rank=self.rank,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=drop_last,
+            )
         if num_workers is None:
             num_workers = (
                 0
@@ -134,17 +223,28 @@ class Session:
 
     def backward_and_step(self, loss: torch.Tensor, **kwargs: Any) -> torch.Tensor | None:
         """See :func:`hvdkit.torch.backward_and_step` (AMP scaler and clipping options)."""
-        norm = backward_and_step(loss, self.optimizer, parameters=self.model.parameters(), **kwargs)
+        ok, norm = self._collective(
+            lambda: backward_and_step(
+                loss, self.optimizer, parameters=self.model.parameters(), **kwargs
+            )
+        )
+        if not ok:
+            return None  # a worker was lost: this batch is dropped, the loader goes back
+        self._offset += self._batch_samples
         self._steps += 1
         if self._steps == 1:
             self.check_sync("after the first step")
+        if self._elastic is not None:
+            self._elastic.step_done()
         return norm
 
     def average(self, total: float, count: int | float, name: str = "metric") -> float:
         """The global mean of a metric from each rank's sum and sample count, so ranks with
         more samples weigh more: exact even when shards differ."""
         pair = torch.tensor([float(total), float(count)], dtype=torch.float64)
-        summed = hvd.allreduce(pair, op=hvd.Sum, name=f"hvdkit.avg.{name}")
+        _, summed = self._collective(
+            lambda: hvd.allreduce(pair, op=hvd.Sum, name=f"hvdkit.avg.{name}"), again=True
+        )
         return (summed[0] / summed[1]).item() if summed[1] > 0 else float("nan")
 
     def save(self, *, end_of_epoch: bool = True, **extra: Any) -> Path | None:
@@ -152,7 +252,11 @@ class Session:
         ``session.resumed`` on resume. At the end of an epoch, resuming starts at the next
         epoch; mid-epoch (``end_of_epoch=False``) it restarts the current one, so keep the
         batch position in ``extra`` to skip what was done."""
-        return self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(end_of_epoch))
+        _, path = self._collective(
+            lambda: self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(end_of_epoch)),
+            again=True,
+        )
+        return cast(Path | None, path)
 
     print = staticmethod(rank_zero.print0)
     progress = staticmethod(rank_zero.progress)

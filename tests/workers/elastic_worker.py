@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--signal", default="SIGKILL")
     parser.add_argument("--marker", required=True)
     parser.add_argument("--sleep", type=float, default=0.1)
+    parser.add_argument("--print-netns", action="store_true", help="add the network namespace")
     args = parser.parse_args()
 
     hvd.init()
@@ -98,6 +99,7 @@ def main() -> None:
         recovered=seen["recovered"],
         lr=optimizer.param_groups[0]["lr"],
         digest=hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
+        **({"netns": os.readlink("/proc/self/ns/net")} if args.print_netns else {}),
     )
 
 
