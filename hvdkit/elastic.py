@@ -221,21 +221,42 @@ class SessionElastic:
         self.adapter._resume(read_checkpoint=False)
         self.sync_position()
 
-    def step_done(self) -> None:
-        """After an optimizer step: commit every ``commit_every`` steps."""
+    def step_done(self) -> bool:
+        """After an optimizer step: whether a commit is due (every ``commit_every`` steps)."""
         self.since_commit += 1
-        if self.since_commit >= self.every:
-            self.commit()
+        return self.since_commit >= self.every
+
+    def commit_or_raise(self) -> None:
+        """Save the state in host memory and take the pending host changes (collective);
+        raises ``HostsUpdatedInterrupt`` when workers were added or removed."""
+        self.state.commit()
+        self.since_commit = 0
 
     def commit(self) -> None:
-        """Save the state in host memory and take the pending host changes (collective)."""
+        """:meth:`commit_or_raise`, recovering in place."""
         try:
-            self.state.commit()
-            self.since_commit = 0
+            self.commit_or_raise()
         except HostsUpdatedInterrupt:
             self.recover(failed=False)
         except HorovodInternalError:
             self.recover(failed=True)
+
+    def recover_from(
+        self,
+        error: BaseException,
+        translate: Callable[[BaseException], BaseException | None] | None = None,
+    ) -> bool:
+        """Recover if ``error`` (raised out of a framework's training loop, e.g. Keras
+        ``fit``) means a lost or added worker; False if it is another error."""
+        if translate is not None and not isinstance(error, HostsUpdatedInterrupt):
+            error = translate(error) or error
+        if isinstance(error, HostsUpdatedInterrupt):
+            self.recover(failed=False)
+        elif isinstance(error, HorovodInternalError):
+            self.recover(failed=True)
+        else:
+            return False
+        return True
 
     def guard(self, collective: Callable[[], Any]) -> tuple[bool, Any]:
         """Run a session collective: ``(True, result)``, or ``(False, None)`` when a worker was

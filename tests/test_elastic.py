@@ -76,15 +76,18 @@ def test_killed_worker_costs_one_commit_interval_and_its_host_rejoins(tmp_path):
     assert "host 127.0.0.1 failed (rank" in out.stderr and "SIGKILL" in out.stderr
 
 
+@pytest.mark.parametrize("mode", ["state", "session"])
 @pytest.mark.parametrize("keras_backend", ["tensorflow", "torch"])
 def test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins(
-    tmp_path, keras_backend
+    tmp_path, keras_backend, mode
 ):
-    """The same kill on Horovod's Keras shape (``fit`` inside ``hvd.elastic.run``, the three
-    state callbacks, LR rescaled by a reset callback), on both Keras backends."""
+    """The same kill on both Keras backends, in Horovod's Keras shape (``fit`` inside
+    ``hvd.elastic.run``, the three state callbacks, LR rescaled by a reset callback) and as a
+    six-step session (``setup(..., elastic=True)`` and ``session.fit``: hvdkit rescales)."""
     out, killed, _ = elastic_job(
         tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
-        script="keras_elastic_worker.py", worker=("--kill-at", "17"),
+        script="keras_elastic_worker.py",
+        worker=("--kill-at", "17", *(["--session"] if mode == "session" else [])),
         env={"KERAS_BACKEND": keras_backend, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -102,9 +105,12 @@ def test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins(
     # 32 batches an epoch at 2 ranks, 64 at 1: the epoch cut short after the restore ran only
     # what it had left, so the job took fewer steps than three full epochs at size 1.
     assert survivor["steps"] < 3 * 64
+    if mode == "session":
+        assert "hvdkit elastic: a worker was lost; 1 process(es) after" in out.stdout
+        assert "LR x1" in out.stdout and "LR x2" in out.stdout
     recovery = survivor["recovered"][0] - killed["time"]
-    print(f"keras ({keras_backend}) elastic recovery: {recovery:.2f} s, {replayed} step(s) "
-          "replayed")  # fmt: skip
+    print(f"keras ({keras_backend}, {mode}) elastic recovery: {recovery:.2f} s, {replayed} "
+          "step(s) replayed")  # fmt: skip
 
 
 def test_session_elastic_true_survives_a_kill_with_the_plain_session_loop(tmp_path):
@@ -187,12 +193,14 @@ def test_reset_limit_exceeded_fails_naming_the_limit_and_host(tmp_path):
     assert "Hosts lost: 127.0.0.1 (rank" in out.stderr, out.stderr[-3000:]
 
 
-def test_elastic_example_trains_on_two_hosts(tmp_path):
+@pytest.mark.parametrize("example", ["pytorch_elastic.py", "keras_elastic.py --backend torch"])
+def test_elastic_example_trains_on_two_hosts(tmp_path, example):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost:1\n127.0.0.1:1\n")
+    script, *options = example.split()
     out = subprocess.run(
         [HVDKIT, "run", "--hostfile", str(hostfile), "--min-np", "1", "--max-np", "2", "--",
-         sys.executable, str(ROOT / "examples" / "pytorch_elastic.py"), "--epochs", "2"],
+         sys.executable, str(ROOT / "examples" / script), "--epochs", "2", *options],
         capture_output=True, text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -144,3 +144,31 @@ def test_hvdkit_run_refuses_before_starting(args, message):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_elastic_session_sampler_resplits_the_rest_of_the_epoch(shuffle):
+    """The rest of the epoch after ``offset`` samples, split over the ranks there are now:
+    every rank the same count, every remaining sample once (padding repeats the first ones);
+    with offset 0 the split is DistributedSampler's."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DistributedSampler
+
+    from hvdkit.torch.session import _ElasticSampler
+
+    def rows(size, offset, rank, drop_last=False):
+        session = SimpleNamespace(epoch=3, _offset=offset, size=size, rank=rank)
+        return list(_ElasticSampler(10, session, shuffle, 7, drop_last))
+
+    for size in (1, 2, 3):
+        for r in range(size):
+            reference = DistributedSampler(range(10), size, r, shuffle=shuffle, seed=7)
+            reference.set_epoch(3)
+            assert rows(size, 0, r) == list(reference)
+    order = [i for group in zip(*(rows(2, 0, r) for r in range(2))) for i in group]
+    done, rest = set(order[:4]), [rows(3, 4, r) for r in range(3)]  # 4 done at size 2, now 3
+    assert len({len(part) for part in rest}) == 1
+    left = [i for part in rest for i in part]
+    assert set(left) == set(range(10)) - done and len(left) == 6
+    assert sum(map(len, (rows(3, 5, r, drop_last=True) for r in range(3)))) == 3

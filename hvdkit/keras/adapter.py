@@ -203,5 +203,35 @@ class KerasAdapter(Adapter):
         header = np.frombuffer(json.dumps(state["meta"]).encode(), dtype=np.uint8)
         return atomic_write(path, lambda fh: np.savez(fh, meta=header, **state["arrays"]))
 
+    def _rescale_lr(self, old: Warmup, new: Warmup) -> None:
+        ratio = new.factor / old.factor
+        lr = self.optimizer._learning_rate
+        if isinstance(lr, WarmupSchedule):  # traced again: the session drops the compiled step
+            lr.scale, lr.start = new.factor, 1 / new.factor
+        elif isinstance(lr, keras.Variable):
+            lr.assign(lr * ratio)
+        for callback in self.callbacks:
+            if isinstance(callback, LearningRateWarmupCallback) and callback.initial_lr:
+                callback.initial_lr *= ratio
+                callback.start = 1 / new.factor
+
+    def _snapshot(self) -> list[np.ndarray]:
+        return [
+            np.array(keras.ops.convert_to_numpy(v.value))
+            for group in self._variables().values()
+            for v in group
+        ]
+
+    def _restore_snapshot(self, snapshot: list[np.ndarray]) -> None:
+        variables = [v for group in self._variables().values() for v in group]
+        for variable, value in zip(variables, snapshot, strict=True):
+            variable.assign(value)
+
+    def _position(self) -> dict[str, Any]:
+        return {"epoch": self.epoch}
+
+    def _set_position(self, position: dict[str, Any]) -> None:
+        self.epoch = position["epoch"]
+
     def _broadcast_object(self, obj: Any) -> Any:
         return backend.broadcast_object(obj, self.config.root_rank)

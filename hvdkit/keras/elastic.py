@@ -179,8 +179,9 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
         self.state.epoch = self.initial_epoch + (epoch - first) + 1
 
 
-def _translate(error: BaseException) -> BaseException | None:
-    # TensorFlow reports a failed Horovod op as its own error type, with the op's name.
+def translate(error: BaseException) -> BaseException | None:
+    """``HorovodInternalError`` for TensorFlow's error from a failed Horovod op (its own error
+    type, naming the op); None for any other error."""
     if type(error).__module__.startswith("tensorflow") and "Horovod" in str(error):
         return HorovodInternalError(error)
     return None
@@ -192,7 +193,7 @@ class _Horovod:
         return getattr(backend.horovod(), name)
 
 
-run = make_run(_Horovod(), translate=_translate)
+run = make_run(_Horovod(), translate=translate)
 run.__doc__ = """``@hvdkit.keras.elastic.run`` on ``train(state, ...)``: Horovod's elastic
 loop. On a lost or added worker, every rank restores ``state``'s last commit, Horovod is
 re-initialised at the new size, and ``train`` runs again from the synced state."""

@@ -17,8 +17,46 @@ import keras
 
 from hvdkit import rank_zero
 from hvdkit.core import SetupConfig, SetupOptions
+from hvdkit.elastic import SessionElastic
+from hvdkit.keras import backend
 from hvdkit.keras import callbacks as cb
 from hvdkit.keras.adapter import KerasAdapter
+from hvdkit.keras.elastic import translate
+
+
+class _ElasticProgress(keras.callbacks.Callback):
+    """An elastic session's place in ``fit``: the epoch and the batches done in it, a commit
+    every ``commit_every`` batches and at each epoch end (raising out of ``fit`` when workers
+    were added), and the first epoch after a reset cut to the batches it had left."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+        self._skip, self._cut = 0, False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._skip = self.session._batch
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.session._adapter.epoch, self._cut = epoch, False
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        session, elastic = self.session, self.session._elastic
+        assert elastic is not None
+        session._batch = self._skip + batch + 1
+        steps = (self.params or {}).get("steps")
+        if self._skip and steps and session._batch >= steps:
+            self.model.stop_training = self._cut = True  # ends this epoch only (on_epoch_end)
+        if elastic.step_done():
+            elastic.commit_or_raise()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._cut:
+            self.model.stop_training = False
+        self._skip = self.session._batch = 0
+        self.session._adapter.epoch = epoch + 1
+        assert self.session._elastic is not None
+        self.session._elastic.commit_or_raise()
 
 
 class Session:
@@ -31,6 +69,47 @@ class Session:
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
         self.callbacks = callbacks
+        self._batch = 0  # batches done in the epoch (elastic)
+        self._elastic: SessionElastic | None = None
+        if adapter.config.elastic:
+            self._elastic = SessionElastic(
+                backend.horovod(),
+                adapter,
+                backend.broadcast_object,
+                position=lambda: {"batch": self._batch},
+                set_position=lambda p: setattr(self, "_batch", p["batch"]),
+                on_reset=self._after_reset,
+            )
+
+    def _after_reset(self) -> None:
+        assert self._adapter.topology is not None
+        self.topology = self._adapter.topology
+        for name in ("train_function", "test_function", "predict_function"):
+            setattr(self.model, name, None)  # traced again for the new world
+
+    def fit(self, x: Any, y: Any = None, *, callbacks: Any = (), **kwargs: Any) -> Any:
+        """``model.fit`` on this rank's shard of ``x`` and ``y`` (whole arrays: the session
+        shards them, :func:`hvdkit.keras.shard`), with the session's callbacks before
+        ``callbacks``; it resumes from the session's epoch. In an elastic session a lost or
+        added worker ends ``fit`` on every rank; the session recovers (last commit, new size,
+        LR rescaled) and calls ``fit`` again on a new shard, the interrupted epoch cut to the
+        batches it had left (Horovod's Keras rule: the count of batches is kept, not which
+        samples they were). Returns the last ``fit``'s history."""
+        from hvdkit.keras import shard
+
+        kwargs.setdefault("initial_epoch", self.epoch)
+        while True:
+            arrays = shard(x) if y is None else shard(x, y)
+            xs, ys = (arrays, None) if y is None else arrays
+            extra = [] if self._elastic is None else [_ElasticProgress(self)]
+            try:
+                return self.model.fit(
+                    xs, ys, callbacks=[*self.callbacks, *callbacks, *extra], **kwargs
+                )
+            except Exception as error:
+                if self._elastic is None or not self._elastic.recover_from(error, translate):
+                    raise
+                kwargs["initial_epoch"] = self.epoch
 
     model = property(lambda self: self._adapter.model)
     optimizer = property(lambda self: self._adapter.optimizer)
@@ -69,7 +148,9 @@ def setup(
     Give the optimizer the single-process LR. ``options`` are
     :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``, ``warmup_epochs`` (with
     ``steps_per_epoch``) or ``warmup_steps``, ``op`` (``average``/``sum``), ``compression``,
-    ``backward_passes_per_step``, ``resume``, ``root_rank``. The model must have its weights
+    ``backward_passes_per_step``, ``resume``, ``root_rank``, ``elastic``, ``commit_every``.
+    With ``elastic=True`` train with :meth:`Session.fit` on the whole arrays: it survives lost
+    and added workers (see there). The model must have its weights
     (an input shape); on the TensorFlow backend with GPUs, call :func:`hvdkit.keras.init`
     before building it.
 

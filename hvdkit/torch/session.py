@@ -234,8 +234,8 @@ class Session:
         self._steps += 1
         if self._steps == 1:
             self.check_sync("after the first step")
-        if self._elastic is not None:
-            self._elastic.step_done()
+        if self._elastic is not None and self._elastic.step_done():
+            self._elastic.commit()
         return norm
 
     def average(self, total: float, count: int | float, name: str = "metric") -> float:
@@ -275,7 +275,15 @@ def setup(
 
     ``options`` are :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``,
     ``warmup_epochs``/``warmup_steps`` (+ ``steps_per_epoch``), ``op``, ``compression``,
-    ``backward_passes_per_step``, ``resume``, ``root_rank``.
+    ``backward_passes_per_step``, ``resume``, ``root_rank``, ``elastic``, ``commit_every``.
+
+    ``elastic=True`` (under ``hvdkit run --min-np``): the same loop survives lost and added
+    workers. The session commits in memory every ``commit_every`` steps and at each epoch
+    end; a lost worker makes ``backward_and_step`` return after putting back the last commit
+    (the loader then goes on from that sample, re-split over the ranks left); an added one
+    joins at the next commit through its own ``setup()``. The LR multiplier follows the new
+    size at once (a warmup in progress goes on at its step). Collectives of your own outside
+    the session's methods are not protected.
 
     Example::
 

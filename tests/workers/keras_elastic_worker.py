@@ -63,7 +63,10 @@ def main() -> None:
     parser.add_argument("--signal", default="SIGKILL")
     parser.add_argument("--marker", required=True)
     parser.add_argument("--sleep", type=float, default=0.05)
+    parser.add_argument("--session", action="store_true", help="setup(..., elastic=True)")
     args = parser.parse_args()
+    if args.session:
+        return session_main(args)
 
     hvd.init()
     keras.utils.set_random_seed(hvd.rank())  # different on purpose: the first sync equalises
@@ -113,6 +116,42 @@ def main() -> None:
         recovered=seen["recovered"],
         epoch=state.epoch,
         lr=float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
+        digest=hashlib.sha256(flat.astype("float32").tobytes()).hexdigest()[:16],
+    )
+
+
+def session_main(args) -> None:
+    """The same job as a six-step session: setup(..., elastic=True) and session.fit."""
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)]
+    )
+    session = hvd.setup(
+        model, keras.optimizers.SGD(0.02, momentum=0.9), elastic=True, commit_every=args.commit
+    )
+    model.compile(optimizer=session.optimizer, loss="mse")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 8)).astype("float32")
+    y = np.sin(x.sum(1, keepdims=True))
+    seen = {"executed": 0, "recovered": [], "pending": False}
+    sizes = [session.size]
+
+    class Sizes(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if hvd.size() != sizes[-1] or seen["executed"]:
+                sizes.append(hvd.size())
+                seen["pending"] = True
+
+    session.fit(x, y, batch_size=8, epochs=args.epochs, shuffle=False, verbose=0,
+                callbacks=[Probe(args, seen), Sizes()])  # fmt: skip
+    flat = np.concatenate([np.ravel(keras.ops.convert_to_numpy(w)) for w in model.weights])
+    emit(
+        size=hvd.size(),
+        steps=int(keras.ops.convert_to_numpy(session.optimizer.iterations)),
+        executed=seen["executed"],
+        sizes=sizes,
+        recovered=seen["recovered"],
+        epoch=session.epoch,
+        lr=float(keras.ops.convert_to_numpy(session.optimizer.learning_rate)),
         digest=hashlib.sha256(flat.astype("float32").tobytes()).hexdigest()[:16],
     )
 
