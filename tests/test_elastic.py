@@ -51,6 +51,24 @@ def finished(out: subprocess.CompletedProcess) -> list[dict]:
     ]
 
 
+def after_kill(out, killed, steps: str | int = "steps", commit: int = COMMIT):
+    """What every kill test checks: exit 0; the kill came at step 17; both ranks end at size
+    2 with identical weights; the survivor saw sizes 2, 1, 2 and the rejoined worker 2; the
+    survivor replayed at most one commit interval. ``steps``: the final step count, or the
+    RESULT key holding it. Returns (survivor, rejoined, replayed steps)."""
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert killed is not None and killed["step"] == 17, out.stderr[-3000:]
+    ranks = finished(out)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    survivor = max(ranks, key=lambda r: r["executed"])  # ran from the start
+    rejoined = next(r for r in ranks if r is not survivor)
+    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
+    replayed = survivor["executed"] - (survivor[steps] if isinstance(steps, str) else steps)
+    assert 0 <= replayed <= commit, replayed
+    return survivor, rejoined, replayed
+
+
 def test_killed_worker_costs_one_commit_interval_and_its_host_rejoins(tmp_path):
     """kill -9 at step 17 (commit every 5): the survivor restores step 15 and goes on alone;
     after the cooldown the host is listed again, a new worker joins and syncs, the job ends at
@@ -59,17 +77,8 @@ def test_killed_worker_costs_one_commit_interval_and_its_host_rejoins(tmp_path):
         tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
         worker=("--steps", "80", "--kill-at", "17"),
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert killed is not None and killed["step"] == 17
-    ranks = finished(out)
-    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
-    assert ranks[0]["digest"] == ranks[1]["digest"]
-    assert ranks[0]["lr"] == ranks[1]["lr"] == pytest.approx(0.05 * 0.9**8)  # scheduler synced
-    survivor = max(ranks, key=lambda r: r["executed"])  # ran from the start
-    rejoined = next(r for r in ranks if r is not survivor)
-    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
-    replayed = survivor["executed"] - 80
-    assert 0 <= replayed <= COMMIT, replayed
+    survivor, rejoined, replayed = after_kill(out, killed, steps=80)
+    assert survivor["lr"] == rejoined["lr"] == pytest.approx(0.05 * 0.9**8)  # scheduler synced
     recovery = survivor["recovered"][0] - killed["time"]
     print(f"elastic recovery: {recovery:.2f} s from the kill to the first step after restore, "
           f"{replayed} step(s) replayed")  # fmt: skip
@@ -90,18 +99,9 @@ def test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins(
         worker=("--kill-at", "17", *(["--session"] if mode == "session" else [])),
         env={"KERAS_BACKEND": keras_backend, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert killed is not None and killed["step"] == 17
-    ranks = finished(out)
-    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
-    assert ranks[0]["digest"] == ranks[1]["digest"]
-    assert ranks[0]["steps"] == ranks[1]["steps"] and ranks[0]["epoch"] == ranks[1]["epoch"] == 3
-    assert ranks[0]["lr"] == ranks[1]["lr"] == pytest.approx(0.02 * 2)  # rescaled, then synced
-    survivor = max(ranks, key=lambda r: r["executed"])
-    rejoined = next(r for r in ranks if r is not survivor)
-    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
-    replayed = survivor["executed"] - survivor["steps"]
-    assert 0 <= replayed <= COMMIT, replayed
+    survivor, rejoined, replayed = after_kill(out, killed)
+    assert survivor["steps"] == rejoined["steps"] and survivor["epoch"] == rejoined["epoch"] == 3
+    assert survivor["lr"] == rejoined["lr"] == pytest.approx(0.02 * 2)  # rescaled, then synced
     # 32 batches an epoch at 2 ranks, 64 at 1: the epoch cut short after the restore ran only
     # what it had left, so the job took fewer steps than three full epochs at size 1.
     assert survivor["steps"] < 3 * 64
@@ -123,17 +123,10 @@ def test_session_elastic_true_survives_a_kill_with_the_plain_session_loop(tmp_pa
         tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
         script="session_elastic_worker.py", worker=("--kill-at", "17"),
     )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert killed is not None and killed["step"] == 17
-    ranks = finished(out)
-    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["size"] == 2 for r in ranks)
-    assert ranks[0]["digest"] == ranks[1]["digest"] and ranks[0]["steps"] == ranks[1]["steps"]
+    survivor, rejoined, replayed = after_kill(out, killed)
+    ranks = [survivor, rejoined]
+    assert survivor["steps"] == rejoined["steps"]
     assert all(r["epoch"] == 4 and r["multiplier"] == 2.0 for r in ranks)
-    survivor = max(ranks, key=lambda r: r["executed"])
-    rejoined = next(r for r in ranks if r is not survivor)
-    assert survivor["sizes"] == [2, 1, 2] and rejoined["sizes"] == [2], ranks
-    replayed = survivor["executed"] - survivor["steps"]
-    assert 0 <= replayed <= COMMIT, replayed
     assert "a worker was lost; 1 process(es) after" in out.stdout
     assert "LR x1" in out.stdout and "workers were added; 2 process(es)" in out.stdout
     if all(r["last_epoch_sizes"] == [2] for r in ranks):  # the rejoin came before it began

@@ -15,6 +15,8 @@ What differs from Horovod's:
   before its first step has the same variables as the survivors to sync.
 - After a reset the model's compiled train step is dropped and traced again, so nothing from
   the old world size stays baked into it.
+- ``state.batch`` is the number of batches done in the epoch (Horovod's holds the last
+  batch's index, one less, so its shortened epoch ran one batch again).
 - ``UpdateBatchStateCallback`` really shortens the first epoch after a reset by the batches
   already done. Horovod's lowers ``params['steps']``, which Keras 3's loop no longer reads, so
   there the epoch ran in full. The cut ends the epoch through ``model.stop_training`` and puts
