@@ -1,0 +1,155 @@
+"""hvdkit's CPU image, built and run with whichever container engine this machine has: Docker,
+else podman with the flags this kind of machine needs (``../shared/STACK.md``, "Containers on
+these machines"): the runc runtime, rlimits at or below the hard ones, Docker-format builds
+(so ``SHELL``'s pipefail applies) and host networking for the build's gate.
+
+The build is the README's command with this machine's package sources as build arguments: the
+indexes, wheel folder and CA bundle from ``pip config`` (local paths mounted read-only), and
+hvdkit's Horovod wheel cache mounted, so a matching wheel is installed, not compiled again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import ROOT
+
+from hvdkit.build.config import default_cache_dir
+
+TAG = "localhost/hvdkit:cpu-test"
+DEFAULT_BASE = "python:3.11.14-slim-bookworm"
+DEBIAN_BASE = "localhost/hvdkit-python:3.11-bookworm"
+PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
+
+
+@dataclass
+class Engine:
+    """``argv`` starts every command; ``run_flags``/``build_flags`` go after the subcommand."""
+
+    name: str
+    argv: list[str]
+    run_flags: list[str]
+    build_flags: list[str]
+
+    def __call__(self, *args: str, timeout: float = 600, check: bool = True):
+        out = subprocess.run(
+            [*self.argv, *args], capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if check and out.returncode != 0:
+            raise AssertionError(
+                f"{self.name} {' '.join(args[:3])} ... failed ({out.returncode}):\n"
+                f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+            )
+        return out
+
+    def run(self, image: str, *args: str, flags: tuple[str, ...] = (), timeout: float = 600):
+        return self("run", "--rm", *self.run_flags, *flags, image, *args, timeout=timeout,
+                    check=False)  # fmt: skip
+
+
+def find_engine() -> Engine | str:
+    """Docker if it runs, else podman (installed from Debian when missing, as root); the reason
+    when neither can be had."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "info"], capture_output=True).returncode == 0:
+        return Engine("docker", [docker], [], [])
+    missing = [pkg for tool, pkg in PACKAGES.items() if shutil.which(tool) is None]
+    if missing:
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            return f"needs Docker, or podman: apt-get install -y {' '.join(missing)} as root"
+        out = subprocess.run(
+            ["apt-get", "install", "-y", "-q", *missing], capture_output=True, text=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )  # fmt: skip
+        if out.returncode != 0:
+            return f"apt-get install {' '.join(missing)} failed: {out.stderr.strip()[-300:]}"
+    limits = ["--ulimit", "nproc=4096:4096", "--ulimit", "nofile=1024:1024"]
+    return Engine(
+        "podman",
+        ["podman", "--runtime", "runc"],
+        limits,
+        # --uts host: Gloo (the build's gate) must resolve the host name, and a podman RUN
+        # step's own name is not in its /etc/hosts.
+        [*limits, "--format", "docker", "--network", "host", "--uts", "host"],
+    )
+
+
+def base_image(engine: Engine) -> tuple[str, str]:
+    """The Dockerfile's default base when it can be pulled, else a Debian-made one (built
+    once by ``docker/debian-python-base``); and which it is."""
+    if engine("pull", DEFAULT_BASE, timeout=120, check=False).returncode == 0:
+        return DEFAULT_BASE, "pulled"
+    if engine("image", "inspect", DEBIAN_BASE, check=False).returncode == 0:
+        return DEBIAN_BASE, "Debian-made (kept from an earlier build)"
+    env = {
+        **os.environ,
+        "ENGINE": " ".join(engine.argv),
+        "BUILD_FLAGS": " ".join(engine.build_flags),
+    }
+    out = subprocess.run(
+        [str(ROOT / "docker" / "debian-python-base"), DEBIAN_BASE], capture_output=True,
+        text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return DEBIAN_BASE, "Debian-made"
+
+
+def pip_sources() -> tuple[list[str], list[str]]:
+    """``--build-arg``s and ``-v`` mounts that give the build this machine's pip sources."""
+    out = subprocess.run(["pip", "config", "list"], capture_output=True, text=True)
+    config: dict[str, str] = {}
+    for line in out.stdout.splitlines():
+        match = re.match(r"^[\w:.]*?\.?([\w-]+)='(.*)'$", line.strip())
+        if match:
+            config.setdefault(match.group(1), match.group(2))
+    args: list[str] = []
+    mounts: list[str] = []
+
+    def mount(path: str) -> None:
+        if Path(path).exists() and f"{path}:{path}:ro" not in mounts:
+            mounts.append(f"{path}:{path}:ro")
+
+    variables = {"extra-index-url": "PIP_EXTRA_INDEX_URL", "index-url": "PIP_INDEX_URL",
+                 "find-links": "PIP_FIND_LINKS"}  # fmt: skip
+    for key, variable in variables.items():
+        if key in config:
+            args += ["--build-arg", f"{variable}={config[key]}"]
+            for url in config[key].split():
+                if url.startswith("file://"):
+                    # A local index's pages link to files beside its simple/ folder.
+                    path = Path(url.removeprefix("file://"))
+                    mount(str(path.parent if path.name == "simple" else path))
+                elif url.startswith("/"):
+                    mount(url)
+    if "cert" in config:
+        # A path of its own: mounted over /etc/ssl/certs it would break apt in the image.
+        mounts.append(f"{config['cert']}:/host-ca.crt:ro")
+        args += ["--build-arg", "PIP_CERT=/host-ca.crt"]
+    return args, mounts
+
+
+def build(engine: Engine, base: str) -> tuple[float, list[str]]:
+    """Build the CPU image as the README says, with this machine's sources; the seconds it
+    took and the command (for the record)."""
+    args, mounts = pip_sources()
+    cache = default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    argv = ["build", *engine.build_flags, "-f", "docker/Dockerfile.cpu", "-t", TAG,
+            "--build-arg", f"PYTHON_IMAGE={base}", *args,
+            "--build-arg", "HVDKIT_CACHE_DIR=/hvdkit-cache", "-v", f"{cache}:/hvdkit-cache",
+            *[x for m in mounts for x in ("-v", m)], str(ROOT)]  # fmt: skip
+    started = time.monotonic()
+    engine(*argv, timeout=2400)
+    return time.monotonic() - started, argv
+
+
+def image_size(engine: Engine) -> int:
+    out = engine("image", "inspect", TAG, "--format", "{{.Size}}")
+    return int(out.stdout.strip())

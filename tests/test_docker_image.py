@@ -1,0 +1,147 @@
+"""The CPU image for real: built with whichever engine exists (tests/containers.py), then
+``hvdkit doctor`` and a 2-rank Keras MNIST run inside it as the non-root user, and two
+containers as two hosts (each in its own network namespace, sshd started by the image's
+helper) trained across by ``hvdkit run --hostfile``: the README's multi-node recipe."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, results
+from containers import TAG, Engine, base_image, build, find_engine, image_size
+from netns import SUBNET, TwoHosts, ensure_tools
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(3000)]
+SSH_PORT = "2222"
+
+
+@pytest.fixture(scope="module")
+def image() -> Engine:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a container engine, network namespaces)")
+    engine = find_engine()
+    if isinstance(engine, str):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the image test must run in CI: {engine}")
+        pytest.skip(engine)
+    base, how = base_image(engine)
+    seconds, argv = build(engine, base)
+    size = image_size(engine)
+    print(f"\n[image] {engine.name} build from {base} ({how}): {seconds:.0f} s, "
+          f"{size / 2**30:.2f} GiB\n[image] {engine.name} {' '.join(argv)}")  # fmt: skip
+    return engine
+
+
+def test_image_passes_doctor_and_trains_keras_mnist_as_non_root(image):
+    who = image.run(TAG, flags=("--entrypoint", "id"))
+    assert who.returncode == 0 and "uid=1000(hvdkit)" in who.stdout, who.stderr
+    doctor = image.run(TAG, "doctor", flags=("--network", "host"), timeout=300)
+    assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    out = image.run(
+        TAG, "run", "-np", "2", "--hostfile", "hostfiles/localhost", "--", "python",
+        "examples/keras_mnist.py", "--epochs", "10",
+        flags=("--network", "host"), timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy: ([\d.]+)", out.stdout).group(1))
+    print(f"[image] keras_mnist in the image, 2 ranks, 10 epochs: test accuracy {accuracy}")
+    assert accuracy > 0.90  # the README's "about 0.95" on the digits fallback
+
+
+class ContainerHosts(TwoHosts):
+    """tests/netns.py's two hosts, with the image's sshd (``start-sshd``, as uid 1000, port
+    2222) in a container in each namespace in place of this machine's sshd."""
+
+    def __init__(self, tmp: Path, engine: Engine) -> None:
+        super().__init__(tmp)
+        self.engine = engine
+        self.containers: list[str] = []
+
+    def ssh_dir(self, name: str) -> Path:
+        """A copy of the shared key pair, owned by the image's user (sshd checks modes)."""
+        directory = self.tmp / f"ssh-{name}"
+        directory.mkdir(mode=0o700)
+        shutil.copy(self.tmp / "id", directory / "id_ed25519")
+        shutil.copy(self.tmp / "id.pub", directory / "authorized_keys")
+        (directory / "config").write_text(
+            f"Host *\n  Port {SSH_PORT}\n  StrictHostKeyChecking no\n  LogLevel ERROR\n"
+        )
+        for path in (directory, *directory.iterdir()):
+            os.chown(path, 1000, 1000)
+            path.chmod(0o700 if path.is_dir() else 0o600)
+        return directory
+
+    def container_flags(self, ns: str, name: str) -> tuple[str, ...]:
+        # Gloo resolves each host's own name: give the container one that resolves to its
+        # namespace's address. The tests' workers at the path the image runs scripts from.
+        addr = self.hosts.get(ns, f"{SUBNET}.1")
+        return ("--network", f"ns:/run/netns/{ns}", "--name", name,
+                "--hostname", name, "--add-host", f"{name}:{addr}",
+                "-v", f"{self.ssh_dir(name)}:/home/hvdkit/.ssh", "-e", f"SSH_PORT={SSH_PORT}",
+                "-v", f"{ROOT / 'tests'}:/opt/hvdkit/tests:ro")  # fmt: skip
+
+    def start_sshd(self, ns: str) -> None:
+        name = f"hvdkit-sshd-{ns}"
+        out = self.engine(
+            "run", "-d", *self.engine.run_flags, *self.container_flags(ns, name),
+            "--entrypoint", "start-sshd", TAG,
+        )  # fmt: skip
+        self.containers.append(name)
+        self.sshd_pids[ns] = 0
+        assert out.returncode == 0
+
+    def stop_sshd(self, ns: str) -> None:
+        self.sshd_pids.pop(ns, None)
+
+    def down(self) -> None:
+        for name in self.containers:
+            self.engine("rm", "-f", "-t", "2", name, check=False)
+        super().down()
+
+
+def test_two_containers_train_as_two_hosts_over_ssh(image, tmp_path):
+    """The launching container and the two "hosts" each in a network namespace of
+    tests/netns.py; the hosts run the image's sshd. The allreduce is right on both ranks and
+    a short training run ends with the same weights on both."""
+    reason = ensure_tools()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
+    hosts = ContainerHosts(tmp_path, image)
+    try:
+        hosts.up()
+        hostfile = tmp_path / "cluster"
+        hostfile.write_text("".join(f"{addr} slots=1\n" for addr in hosts.hosts.values()))
+        hostfile.chmod(0o644)
+        launch = ("run", "--hostfile", "hostfiles/cluster", "--ssh-port", SSH_PORT,
+                  "--network-interface", "hvd0", "--gloo", "--", "python")  # fmt: skip
+
+        def launcher(name: str) -> tuple[str, ...]:
+            return (*hosts.container_flags(hosts.launcher, name),
+                    "-v", f"{hostfile}:/opt/hvdkit/hostfiles/cluster:ro")  # fmt: skip
+
+        allreduce = image.run(
+            TAG, *launch, "tests/workers/launch_worker.py", flags=launcher("hvdkit-launch-1")
+        )
+        trained = image.run(
+            TAG,
+            *launch,
+            "tests/workers/torch_worker.py",
+            "train",
+            "--epochs",
+            "2",
+            flags=launcher("hvdkit-launch-2"),
+        )
+    finally:
+        hosts.down()
+    for out in (allreduce, trained):
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sums, weights = results(allreduce), results(trained)
+    assert sums[0]["sum"] == sums[1]["sum"] == 3.0
+    assert sums[0]["netns"] != sums[1]["netns"]  # each rank in its own "host"
+    assert weights[0]["params"] == weights[1]["params"]
+    print(f"[image] two containers as two hosts: allreduce 3.0 on both, weights "
+          f"{weights[0]['params'][:16]} on both")  # fmt: skip
