@@ -236,10 +236,8 @@ class SessionElastic:
         """:meth:`commit_or_raise`, recovering in place."""
         try:
             self.commit_or_raise()
-        except HostsUpdatedInterrupt:
-            self.recover(failed=False)
-        except HorovodInternalError:
-            self.recover(failed=True)
+        except (HostsUpdatedInterrupt, HorovodInternalError) as error:
+            self.recover_from(error)
 
     def recover_from(
         self,

@@ -96,11 +96,14 @@ class KerasState(ElasticState):
         )
 
     def reset(self) -> None:
-        # The compiled step may hold values of the old world; Keras traces it again.
-        model = self.model
-        for name in ("train_function", "test_function", "predict_function"):
-            if getattr(model, name, None) is not None:
-                setattr(model, name, None)
+        drop_compiled(self.model)
+
+
+def drop_compiled(model: keras.Model) -> None:
+    """After a reset: the compiled train/test/predict steps may hold values of the old world;
+    Keras traces them again at their next use."""
+    for name in ("train_function", "test_function", "predict_function"):
+        setattr(model, name, None)
 
 
 class CommitStateCallback(keras.callbacks.Callback):

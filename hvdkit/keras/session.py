@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Unpack
 
 import keras
@@ -21,42 +22,33 @@ from hvdkit.elastic import SessionElastic
 from hvdkit.keras import backend
 from hvdkit.keras import callbacks as cb
 from hvdkit.keras.adapter import KerasAdapter
-from hvdkit.keras.elastic import translate
+from hvdkit.keras.elastic import UpdateBatchStateCallback, drop_compiled, translate
 
 
-class _ElasticProgress(keras.callbacks.Callback):
-    """An elastic session's place in ``fit``: the epoch and the batches done in it, a commit
-    every ``commit_every`` batches and at each epoch end (raising out of ``fit`` when workers
-    were added), and the first epoch after a reset cut to the batches it had left."""
+class _ElasticProgress(UpdateBatchStateCallback):
+    """An elastic session's place in ``fit``: the batches done in the epoch and the first
+    epoch after a reset cut to the batches it had left (as :class:`UpdateBatchStateCallback`),
+    the epoch, and a commit every ``commit_every`` batches and at each epoch end (raising out
+    of ``fit`` when workers were added)."""
 
     def __init__(self, session: Session) -> None:
-        super().__init__()
-        self.session = session
-        self._skip, self._cut = 0, False
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._skip = self.session._batch
+        super().__init__(session._place)
+        assert session._elastic is not None
+        self.session, self.elastic = session, session._elastic
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self.session._adapter.epoch, self._cut = epoch, False
+        super().on_epoch_begin(epoch, logs)
+        self.session._adapter.epoch = epoch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        session, elastic = self.session, self.session._elastic
-        assert elastic is not None
-        session._batch = self._skip + batch + 1
-        steps = (self.params or {}).get("steps")
-        if self._skip and steps and session._batch >= steps:
-            self.model.stop_training = self._cut = True  # ends this epoch only (on_epoch_end)
-        if elastic.step_done():
-            elastic.commit_or_raise()
+        super().on_train_batch_end(batch, logs)
+        if self.elastic.step_done():
+            self.elastic.commit_or_raise()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._cut:
-            self.model.stop_training = False
-        self._skip = self.session._batch = 0
+        super().on_epoch_end(epoch, logs)
         self.session._adapter.epoch = epoch + 1
-        assert self.session._elastic is not None
-        self.session._elastic.commit_or_raise()
+        self.elastic.commit_or_raise()
 
 
 class Session:
@@ -69,23 +61,22 @@ class Session:
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
         self.callbacks = callbacks
-        self._batch = 0  # batches done in the epoch (elastic)
+        self._place = SimpleNamespace(batch=0)  # batches done in the epoch (elastic)
         self._elastic: SessionElastic | None = None
         if adapter.config.elastic:
             self._elastic = SessionElastic(
                 backend.horovod(),
                 adapter,
                 backend.broadcast_object,
-                position=lambda: {"batch": self._batch},
-                set_position=lambda p: setattr(self, "_batch", p["batch"]),
+                position=lambda: {"batch": self._place.batch},
+                set_position=lambda p: setattr(self._place, "batch", p["batch"]),
                 on_reset=self._after_reset,
             )
 
     def _after_reset(self) -> None:
         assert self._adapter.topology is not None
         self.topology = self._adapter.topology
-        for name in ("train_function", "test_function", "predict_function"):
-            setattr(self.model, name, None)  # traced again for the new world
+        drop_compiled(self.model)
 
     def fit(self, x: Any, y: Any = None, *, callbacks: Any = (), **kwargs: Any) -> Any:
         """``model.fit`` on this rank's shard of ``x`` and ``y`` (whole arrays: the session
