@@ -107,7 +107,9 @@ def drop_compiled(model: keras.Model) -> None:
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch end."""
+    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch end. Unlike
+    Horovod's, ``batches_per_commit`` below 1 is refused (Horovod's then silently commits at
+    epoch ends only)."""
 
     def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
         super().__init__()
