@@ -10,18 +10,29 @@ PYTEST_ARGS ?=
 SWEEP_RUNS ?= 5
 SWEEP_LOAD ?= 2
 SWEEP_ARGS ?= -m multiprocess
+# The frameworks set up: their pins from $(STACK) and a Horovod built for them (the images
+# take it as a build argument; `make setup FRAMEWORKS=torch` leaves TensorFlow out).
+FRAMEWORKS ?= torch,tensorflow
 # What Horovod is built with; docker/Dockerfile.gpu passes its own (NCCL, CUDA arch).
-BUILD_FLAGS ?= --frameworks torch,tensorflow --controllers gloo,mpi
+BUILD_FLAGS ?= --frameworks $(FRAMEWORKS) --controllers gloo,mpi
 # The linters `make lint` runs (CI too), pinned so that a new release cannot fail a build.
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint
 
-.PHONY: setup run test test-fast lint sweep doctor clean
+.PHONY: setup stack run test test-fast lint sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
 
 $(STAMP): $(STACK) setup.cfg pyproject.toml
+	$(MAKE) --no-print-directory stack
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+	touch $(STAMP)
+
+# The pinned stack for FRAMEWORKS: a line of $(STACK) tagged `# framework: NAME` is kept only
+# where NAME is in FRAMEWORKS. It needs only this file and $(STACK), so the images install it
+# in a layer of its own, before hvdkit's code is copied in.
+stack:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
 	  echo "error: $(PYTHON) not found. hvdkit's stack is pinned for Python 3.11."; \
 	  echo "Fix: install Python 3.11 (apt-get install python3.11-venv, or pyenv install 3.11)"; \
@@ -30,8 +41,9 @@ $(STAMP): $(STACK) setup.cfg pyproject.toml
 	  echo "error: $(PYTHON) is not Python 3.11; the pinned wheels need 3.11."; \
 	  echo "Fix: make setup PYTHON=/path/to/python3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(STACK) -e .
-	touch $(STAMP)
+	awk -v keep=",$(FRAMEWORKS)," '!/# framework: / || index(keep, "," $$NF ",")' \
+	  $(STACK) > $(VENV)/stack.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(VENV)/stack.txt
 
 run: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/hvdkit run --hostfile hostfiles/localhost -- $(BIN)/python examples/keras_mnist.py --epochs 10

@@ -52,18 +52,21 @@ class Runner:
         model = build(args, device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if kind == "hvdkit":
-            # hvdkit steps 1-6 in one call (no checkpoint in a benchmark).
+            # hvdkit step 1: init Horovod; step 2: pin the GPU (or the CPU threads);
+            # hvdkit step 3: wrap the optimizer; step 6: scale the LR by size (no warmup);
+            # hvdkit step 4: broadcast from rank 0; step 5: none (a benchmark saves nothing).
             self.session = hvd.setup(model, optimizer)
             self.model, self.optimizer = self.session.model, self.session.optimizer
         else:
-            # The same six steps wired by hand with horovod.torch, as its examples do.
-            horovod.init()
+            # The same steps wired by hand with horovod.torch, as its examples do.
+            horovod.init()  # hvdkit step 1 (step 2: the device main() chose)
             for group in optimizer.param_groups:
-                group["lr"] *= horovod.size()
-            optimizer = horovod.DistributedOptimizer(
+                group["lr"] *= horovod.size()  # hvdkit step 6
+            optimizer = horovod.DistributedOptimizer(  # hvdkit step 3
                 optimizer, named_parameters=model.named_parameters()
             )
-            if not args.channels_last:  # Horovod's broadcast refuses channels_last tensors
+            # hvdkit step 4 (step 5: none). Horovod's broadcast refuses channels_last tensors.
+            if not args.channels_last:
                 horovod.broadcast_parameters(model.state_dict(), root_rank=0)
                 horovod.broadcast_optimizer_state(optimizer, root_rank=0)
             self.model, self.optimizer = model, optimizer
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     args = parser.parse_args(argv)
 
-    hvd.init()
+    hvd.init()  # hvdkit step 1, here already: the device below needs the local rank
+    # hvdkit step 2 for both runners: one GPU per process by local rank.
     device = (
         torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
     )

@@ -23,6 +23,12 @@ multiplied value lives differs by framework: PyTorch's ``param_groups`` keep the
 the multiplier is applied around each step (so LR schedulers keep composing); Keras's optimizer
 holds the multiplied LR (a schedule is wrapped so that it is computed inside the compiled
 step), so Keras callbacks such as ``ReduceLROnPlateau`` act on the LR in force.
+
+Where this differs from STYLE.md's examples: the facades' ``setup()`` take their options as
+keywords typed by :class:`SetupOptions` (``Unpack``), not a config object the caller builds,
+because Horovod scripts pass plain keywords; :class:`SetupConfig` is still the one typed,
+validated dataclass behind them. The elastic half of the template lives in
+:mod:`hvdkit.elastic`, which calls the hooks from outside the class (its docstring says why).
 """
 
 from __future__ import annotations
@@ -135,6 +141,19 @@ def start(init: Callable[[], Topology], pin_device: Callable[[Topology], None]) 
     rank_zero.set_rank(topology.rank)
     pin_device(topology)
     return topology
+
+
+def restart(hvd: Any) -> Topology:
+    """An elastic reset's step 1: Horovod shut down and initialised again at the new world
+    size, through :func:`start`. Step 2 is not run again: the process keeps the device its
+    model and optimizer live on (a survivor's local rank may change; its GPU does not)."""
+
+    def init() -> Topology:
+        hvd.shutdown()
+        hvd.init()
+        return Topology.of(hvd)
+
+    return start(init, lambda topology: None)
 
 
 class Adapter(abc.ABC):

@@ -6,6 +6,13 @@ worker every rank raises, restores the last ``commit()``, re-initialises Horovod
 state from rank 0. What hvdkit adds here: the handlers are hvdkit's own (so the broadcasts are
 hvdkit's fixed ones), :mod:`hvdkit.rank_zero` learns the new rank after each reset (rank 0
 may move), and each reset is reported on the new rank 0 with the new world size.
+
+:class:`SessionElastic` is the second template method over an adapter's hooks, beside
+:meth:`hvdkit.core.Adapter.setup`: it calls the ``_``-prefixed hooks (``_snapshot``,
+``_position``, ``_resume``...) from outside the class. STYLE.md's template methods keep the
+hooks behind one public method of the base class; here the elastic half lives in its own module
+instead, so that ``core`` stays small and imports nothing of Horovod's elastic machinery. The
+hooks stay package-private: user code reaches them only through ``setup(..., elastic=True)``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from horovod.common.elastic import ObjectState, State, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 from hvdkit import rank_zero
-from hvdkit.core import Topology
+from hvdkit.core import restart
 
 
 class Handler(abc.ABC):
@@ -117,11 +124,9 @@ def make_run(
 
     def reset() -> None:
         started = time.monotonic()
-        hvd.shutdown()
-        hvd.init()
-        rank_zero.set_rank(hvd.rank())
+        topology = restart(hvd)
         rank_zero.print0(
-            f"hvdkit elastic: reset to {hvd.size()} process(es) in "
+            f"hvdkit elastic: reset to {topology.size} process(es) in "
             f"{time.monotonic() - started:.1f} s; restoring the last commit"
         )
 
@@ -274,10 +279,7 @@ class SessionElastic:
             try:
                 if failed:
                     self.state.restore()
-                self.hvd.shutdown()
-                self.hvd.init()
-                topology = Topology.of(self.hvd)
-                rank_zero.set_rank(topology.rank)
+                topology = restart(self.hvd)
                 self.adapter.rescale(topology)
                 self.state.on_reset()
                 self.sync()

@@ -28,3 +28,12 @@ BENCH_THREADS = "HVDKIT_BENCH_THREADS"
 
 BENCH_MASTER = "HVDKIT_BENCH_MASTER"
 """``host:port`` of the bench's torch.distributed rendezvous (set by the bench per job)."""
+
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+"""Where a launcher puts this process's rank, read before Horovod is initialised (rank-0
+output only; Horovod's own rank wins once known)."""
+
+KERAS_BACKEND = "KERAS_BACKEND"
+KERAS_HOME = "KERAS_HOME"
+"""Keras's own: its backend (``hvdkit doctor`` reports it, the bench sets it per job), and the
+folder of its ``keras.json``."""

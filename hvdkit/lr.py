@@ -36,7 +36,7 @@ def ramp(
     return start + (1.0 - start) * progress
 
 
-def scale_factor(policy: str, size: int, local_size: int) -> float:
+def scale_factor(policy: LrScaling, size: int, local_size: int) -> float:
     """The LR multiplier after warmup for ``policy`` (``size``, ``local_size`` or ``none``)."""
     if policy == "size":
         return float(size)

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 from hvdkit import envvars
 
 T = TypeVar("T")
-_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 _rank: int | None = None
 
 
@@ -34,7 +33,7 @@ def rank() -> int:
     """This process's global rank (0 when not launched by a distributed launcher)."""
     if _rank is not None:
         return _rank
-    for name in _RANK_VARIABLES:
+    for name in envvars.RANK_VARIABLES:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 0

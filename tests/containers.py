@@ -23,6 +23,8 @@ from conftest import ROOT
 from hvdkit.build.config import default_cache_dir
 
 TAG = "localhost/hvdkit:cpu-test"
+TORCH_TAG = "localhost/hvdkit:cpu-torch-test"
+TORCH_ONLY = ("FRAMEWORKS=torch", "KERAS_BACKEND=torch")
 DEFAULT_BASE = "python:3.11.14-slim-bookworm"
 DEBIAN_BASE = "localhost/hvdkit-python:3.11-bookworm"
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
@@ -135,13 +137,17 @@ def pip_sources() -> tuple[list[str], list[str]]:
     return args, mounts
 
 
-def build(engine: Engine, base: str) -> tuple[float, list[str]]:
-    """Build the CPU image as the README says, with this machine's sources; the seconds it
-    took and the command (for the record)."""
+def build(
+    engine: Engine, base: str, tag: str = TAG, build_args: tuple[str, ...] = ()
+) -> tuple[float, list[str]]:
+    """Build the CPU image as the README says (plus ``build_args``, ``NAME=VALUE``), with this
+    machine's sources; the seconds it took and the command (for the record)."""
     args, mounts = pip_sources()
+    for arg in build_args:
+        args += ["--build-arg", arg]
     cache = default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    argv = ["build", *engine.build_flags, "-f", "docker/Dockerfile.cpu", "-t", TAG,
+    argv = ["build", *engine.build_flags, "-f", "docker/Dockerfile.cpu", "-t", tag,
             "--build-arg", f"PYTHON_IMAGE={base}", *args,
             "--build-arg", "HVDKIT_CACHE_DIR=/hvdkit-cache", "-v", f"{cache}:/hvdkit-cache",
             *[x for m in mounts for x in ("-v", m)], str(ROOT)]  # fmt: skip
@@ -150,6 +156,6 @@ def build(engine: Engine, base: str) -> tuple[float, list[str]]:
     return time.monotonic() - started, argv
 
 
-def image_size(engine: Engine) -> int:
-    out = engine("image", "inspect", TAG, "--format", "{{.Size}}")
+def image_size(engine: Engine, tag: str = TAG) -> int:
+    out = engine("image", "inspect", tag, "--format", "{{.Size}}")
     return int(out.stdout.strip())

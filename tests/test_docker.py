@@ -60,18 +60,30 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
     runs = " && ".join(args for word, args in steps if word == "RUN")
     stack = makefile_variable("STACK")
     assert stack == "hvdkit/build/stack-cpu.txt"
-    assert ("COPY", f"{stack} {stack}") in steps
-    assert f"pip install -q -r {stack}" in runs
-    assert "make setup" in runs  # the Makefile's target, which calls `hvdkit build-horovod`
-    assert "$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)" in (ROOT / "Makefile").read_text()
+    assert ("COPY", f"{stack} {stack}") in steps and ("COPY", "Makefile ./") in steps
+    # The Makefile's targets: `stack` installs the pins (its own layer), `setup` hvdkit and
+    # `hvdkit build-horovod`, both for the image's FRAMEWORKS.
+    assert 'make stack FRAMEWORKS="${FRAMEWORKS}"' in runs
+    assert 'make setup FRAMEWORKS="${FRAMEWORKS}"' in runs
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)" in makefile
+    assert "pip install -q --disable-pip-version-check -r $(VENV)/stack.txt" in makefile
     # No Python version pin outside the stack file, no second build command.
     assert not re.search(r"[\w-]+==\d", runs), runs
     assert "build-horovod" not in runs and "pip install horovod" not in runs
     flags = re.search(r'BUILD_FLAGS="([^"]*)"', runs)
+    args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
     if path.name == "Dockerfile.cpu":
         assert flags is None  # exactly the Makefile's default build
+        assert args["FRAMEWORKS"] == makefile_variable("FRAMEWORKS") == "torch,tensorflow"
+        assert args["KERAS_BACKEND"] == ""  # Keras's own default unless asked
     else:
+        assert flags.group(1).startswith("--frameworks ${FRAMEWORKS} ")
         assert "--gpu-operations NCCL" in flags.group(1) and "--cuda-arch" in flags.group(1)
+        assert args["FRAMEWORKS"] == args["KERAS_BACKEND"] == "torch"
+    assert ("ENV", "KERAS_BACKEND=${KERAS_BACKEND}") in [
+        (w, part) for w, a in steps if w == "ENV" for part in a.split()
+    ]
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)

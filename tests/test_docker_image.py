@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, results
-from containers import TAG, Engine, base_image, build, find_engine, image_size
+from containers import (
+    TAG,
+    TORCH_ONLY,
+    TORCH_TAG,
+    Engine,
+    base_image,
+    build,
+    find_engine,
+    image_size,
+)
 from netns import SUBNET, TwoHosts, ensure_tools
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(3000)]
@@ -20,7 +29,8 @@ SSH_PORT = "2222"
 
 
 @pytest.fixture(scope="module")
-def image() -> Engine:
+def engine_base() -> tuple[Engine, str, str]:
+    """The engine, the base image and how it was had (pulled or made from Debian)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (a container engine, network namespaces)")
     engine = find_engine()
@@ -28,12 +38,26 @@ def image() -> Engine:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the image test must run in CI: {engine}")
         pytest.skip(engine)
-    base, how = base_image(engine)
-    seconds, argv = build(engine, base)
-    size = image_size(engine)
-    print(f"\n[image] {engine.name} build from {base} ({how}): {seconds:.0f} s, "
+    return (engine, *base_image(engine))
+
+
+def built(engine_base: tuple[Engine, str, str], tag: str, build_args: tuple[str, ...]) -> Engine:
+    engine, base, how = engine_base
+    seconds, argv = build(engine, base, tag, build_args)
+    size = image_size(engine, tag)
+    print(f"\n[image] {tag}: {engine.name} build from {base} ({how}): {seconds:.0f} s, "
           f"{size / 2**30:.2f} GiB\n[image] {engine.name} {' '.join(argv)}")  # fmt: skip
     return engine
+
+
+@pytest.fixture(scope="module")
+def image(engine_base) -> Engine:
+    return built(engine_base, TAG, ())
+
+
+@pytest.fixture(scope="module")
+def torch_image(engine_base) -> Engine:
+    return built(engine_base, TORCH_TAG, TORCH_ONLY)
 
 
 def test_image_passes_doctor_and_trains_keras_mnist_as_non_root(image):
@@ -145,3 +169,36 @@ def test_two_containers_train_as_two_hosts_over_ssh(image, tmp_path):
     assert weights[0]["params"] == weights[1]["params"]
     print(f"[image] two containers as two hosts: allreduce 3.0 on both, weights "
           f"{weights[0]['params'][:16]} on both")  # fmt: skip
+
+
+def test_pytorch_only_image_is_smaller_and_trains_like_one_process(image, torch_image):
+    """``--build-arg FRAMEWORKS=torch --build-arg KERAS_BACKEND=torch``: no TensorFlow, Horovod
+    built for PyTorch only, Keras on its torch backend; what a PyTorch-only user pulls."""
+    full, small = image_size(image), image_size(torch_image, TORCH_TAG)
+    print(f"[image] PyTorch only: {small / 2**30:.2f} GiB, full: {full / 2**30:.2f} GiB "
+          f"({small / full:.2f})")  # fmt: skip
+    doctor = torch_image.run(TORCH_TAG, "doctor", flags=("--network", "host"), timeout=300)
+    assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    for line in ("SKIP  TensorFlow: not installed", "backend torch (KERAS_BACKEND)",
+                 "PASS  allreduce PyTorch / gloo", "PASS  allreduce PyTorch / mpi"):  # fmt: skip
+        assert line in doctor.stdout, doctor.stdout
+    local = ("--network", "host", "-v", f"{ROOT / 'tests'}:/opt/hvdkit/tests:ro")
+    launch = ("run", "-np", "2", "--hostfile", "hostfiles/localhost", "--", "python")
+    step = torch_image.run(TORCH_TAG, *launch, "tests/workers/torch_worker.py", "one_step",
+                           flags=local, timeout=300)  # fmt: skip
+    trained = torch_image.run(TORCH_TAG, *launch, "tests/workers/torch_worker.py", "train",
+                              "--epochs", "2", flags=local, timeout=300)  # fmt: skip
+    mnist = torch_image.run(TORCH_TAG, *launch, "examples/keras_mnist.py", "--epochs", "10",
+                            flags=("--network", "host"), timeout=900)  # fmt: skip
+    for out in (step, trained, mnist):
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # One step on 2 ranks == one process on the global batch with the LR x 2.
+    assert all(r["diff"] < 1e-6 and r["moved"] > 1e-3 for r in results(step).values())
+    weights = results(trained)
+    assert weights[0]["params"] == weights[1]["params"]
+    accuracy = float(re.search(r"test accuracy: ([\d.]+)", mnist.stdout).group(1))
+    print(f"[image] PyTorch only: one step = one process (diff "
+          f"{max(r['diff'] for r in results(step).values()):.1e}), weights equal, "
+          f"keras_mnist on the torch backend {accuracy}")  # fmt: skip
+    assert accuracy > 0.90
+    assert small < 0.6 * full

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdkit.doctor import checks
 from hvdkit.doctor.checks import FAIL, PASS, allreduce_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,3 +61,26 @@ def test_doctor_without_horovod_fails_and_names_the_fix(tmp_path):
     assert "fix: hvdkit build-horovod" in out.stdout
     assert "SKIP  PyTorch: not installed" in out.stdout
     assert f"{PASS}  Python:" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("backend", "installed", "status", "fix"),
+    [
+        ("", {"torch"}, FAIL, "export KERAS_BACKEND=torch"),  # Keras's default, no TensorFlow
+        ("tensorflow", {"torch"}, FAIL, "export KERAS_BACKEND=torch"),
+        ("torch", {"torch"}, PASS, ""),
+        ("", {"torch", "tensorflow"}, PASS, ""),
+    ],
+)
+def test_keras_check_fails_when_its_backend_framework_is_missing(
+    monkeypatch, tmp_path, backend, installed, status, fix
+):
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no keras.json: Keras's default
+    monkeypatch.setattr(
+        checks, "dist_version", lambda *names: "1.0" if names[0] in installed else None
+    )
+    check = checks.keras_check("3.15.1")
+    assert check.status == status, check.render()
+    assert check.fix.startswith(fix)
+    assert "backend " + (backend or "tensorflow") in check.detail

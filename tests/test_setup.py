@@ -207,3 +207,40 @@ def test_make_setup_without_python311_names_the_fix(tmp_path):
     assert "hvdkit-no-such-python3.11 not found" in out.stdout
     assert "make setup PYTHON=/path/to/python3.11" in out.stdout
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize(
+    ("frameworks", "kept", "left_out"),
+    [
+        (None, ("torch==", "tensorflow-cpu==", "tf-keras==", "keras=="), ()),
+        ("torch", ("torch==", "keras==", "mpi4py=="), ("tensorflow-cpu", "tf-keras")),
+        ("tensorflow", ("tensorflow-cpu==", "tf-keras==", "keras=="), ("torch==",)),
+    ],
+)
+def test_make_stack_installs_the_pins_of_the_frameworks_asked_for(
+    tmp_path, frameworks, kept, left_out
+):
+    # A stand-in venv python records what pip is asked to install.
+    venv = tmp_path / "v"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    python.chmod(0o755)
+    extra = [f"FRAMEWORKS={frameworks}"] if frameworks else []
+    out = subprocess.run(
+        ["make", "--no-print-directory", "stack", f"VENV={venv}", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"-r {venv / 'stack.txt'}" in (tmp_path / "calls").read_text()
+    pins = [line.split()[0] for line in (venv / "stack.txt").read_text().splitlines()
+            if line and not line.startswith("#")]  # fmt: skip
+    for pin in kept:
+        assert any(p.startswith(pin) for p in pins), (pin, pins)
+    for pin in left_out:
+        assert not any(p.startswith(pin) for p in pins), (pin, pins)
+    assert any(p.startswith("pytest==") for p in pins)  # untagged lines are always kept

@@ -10,7 +10,10 @@ its iterations, after a barrier; rank 0 prints the result.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 from hvdkit import envvars
 from hvdkit.bench.worker import clock, emit
@@ -22,7 +25,17 @@ def iterations(nbytes: int, quick: bool) -> int:
     return max(2 if quick else 3, min(20 if quick else 50, target // nbytes))
 
 
-def _time(op, tensor, iters: int, barrier, slowest) -> float:
+def _mpi_allreduce(comm: Any, send: Any, recv: Any) -> None:
+    comm.Allreduce(send, recv)
+
+
+def _time(
+    op: Callable[[Any], Any],
+    tensor: Any,
+    iters: int,
+    barrier: Callable[[], Any],
+    slowest: Callable[[float], float],
+) -> float:
     op(tensor)  # warm-up: allocates buffers, negotiates the tensor name
     barrier()
     start = clock()
@@ -57,10 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     for nbytes in sizes:
         tensor = torch.ones(nbytes // 4)
         name = f"bench.{nbytes}"
+        reduce = functools.partial(hvd.allreduce_, op=hvd.Sum, name=name)
         timings["horovod"].append(
-            _time(lambda t, n=name: hvd.allreduce_(t, op=hvd.Sum, name=n), tensor,
-                  iterations(nbytes, args.quick), hvd_barrier, hvd_slowest)
-        )  # fmt: skip
+            _time(reduce, tensor, iterations(nbytes, args.quick), hvd_barrier, hvd_slowest)
+        )
     if args.torch_dist:
         import torch.distributed as dist
 
@@ -95,10 +108,10 @@ def main(argv: list[str] | None = None) -> None:
         timings["mpi4py"] = []
         for nbytes in sizes:
             send, recv = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+            mpi = functools.partial(_mpi_allreduce, comm, recv=recv)
             timings["mpi4py"].append(
-                _time(lambda t, r=recv: comm.Allreduce(t, r), send,
-                      iterations(nbytes, args.quick), comm.Barrier, mpi_slowest)
-            )  # fmt: skip
+                _time(mpi, send, iterations(nbytes, args.quick), comm.Barrier, mpi_slowest)
+            )
     emit({"ranks": hvd.size(), "sizes": sizes, "seconds": timings})
 
 

@@ -15,7 +15,9 @@ import functools
 import os
 import statistics
 import time
+from typing import Any
 
+from hvdkit import envvars
 from hvdkit.bench.worker import emit, pinned_threads, timed_rounds
 
 
@@ -31,7 +33,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse(argv)
     if args.backend:
-        os.environ["KERAS_BACKEND"] = args.backend
+        os.environ[envvars.KERAS_BACKEND] = args.backend
     import keras
     import numpy as np
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     class HandWired(keras.Sequential):
         """Keras's default train step with Horovod's allreduce inserted by hand."""
 
-        def train_step(self, data):
+        def train_step(self, data: Any) -> Any:
             x, y = data
             if keras.config.backend() == "tensorflow":
                 import tensorflow as tf
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             self._loss_tracker.update_state(loss, sample_weight=keras.ops.shape(x)[0])
             return self.compute_metrics(x, y, y_pred)
 
-    def cnn(cls):
+    def cnn(cls: type) -> Any:
         keras.utils.set_random_seed(0)
         return cls(
             [
@@ -106,14 +108,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         """Times the steps after the first, so fit()'s own set-up (data adapter, callbacks)
         is not counted: what is compared is the training step."""
 
-        def on_train_batch_end(self, batch, logs=None):
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             if batch == 0:
                 self.start = time.perf_counter()
 
-        def on_train_end(self, logs=None):
+        def on_train_end(self, logs: dict | None = None) -> None:
             self.seconds = time.perf_counter() - self.start
 
-    def timed(model) -> float:
+    def timed(model: Any) -> float:
         clock = StepClock()
         model.fit(x, y, batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False,
                   callbacks=[clock])  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 MEAN = (0.485, 0.456, 0.406)  # the ImageNet statistics every torchvision recipe uses
 STD = (0.229, 0.224, 0.225)
@@ -48,7 +49,7 @@ class JpegImages:
     def __len__(self) -> int:
         return len(self.jpegs)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> Any:
         import io
         import random
 
@@ -66,7 +67,7 @@ class JpegImages:
         return torch.from_numpy(array.transpose(2, 0, 1).copy()), int(self.labels[i])
 
 
-def samples_per_second(dataset, batch_size: int, batches: int, **loader_options) -> float:
+def samples_per_second(dataset: Any, batch_size: int, batches: int, **loader_options: Any) -> float:
     """Samples/s over ``batches`` batches, after the first (worker start-up is not counted)."""
     from torch.utils.data import DataLoader
 

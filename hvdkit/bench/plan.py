@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from hvdkit import envvars
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
+from hvdkit.build.config import CONTROLLERS, Controller
 from hvdkit.launch.plan import default_controller
 
 SECTIONS = ("allreduce", "training", "keras", "pipeline")
@@ -22,7 +23,7 @@ class BenchConfig:
     quick: bool = False
     # For allreduce (none: every one available); training and Keras run on the first, or
     # without it on what `hvdkit run` would choose.
-    controllers: tuple[str, ...] = ()
+    controllers: tuple[Controller, ...] = ()
     models: tuple[str, ...] = ("cnn", "resnet18")
     keras_backends: tuple[str, ...] = KERAS_BACKENDS
     threads: int = 1  # per rank, at every world size
@@ -39,7 +40,7 @@ class Job:
     module: str
     args: tuple[str, ...]
     np: int
-    controller: str | None = None  # None: one plain process, no launcher
+    controller: Controller | None = None  # None: one plain process, no launcher
     env: dict[str, str] = field(default_factory=dict)
     key: dict[str, object] = field(default_factory=dict)  # what the result is filed under
 
@@ -95,7 +96,7 @@ def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
     check(config, available)
     quick = ("--quick",) if config.quick else ()
     threads = {envvars.BENCH_THREADS: str(config.threads)}
-    controllers = config.controllers or available
+    controllers = config.controllers or tuple(c for c in CONTROLLERS if c in available)
     main_controller = config.controllers[0] if config.controllers else default_controller(available)
     jobs: list[Job] = []
     if "pipeline" in config.sections:
@@ -141,6 +142,6 @@ def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
                 "--rounds", str(rounds))  # fmt: skip
         for np in config.nps:
             jobs.append(Job("keras", f"keras {backend} np={np}", "hvdkit.bench.keras_fit", args,
-                            np, main_controller, {**threads, "KERAS_BACKEND": backend},
+                            np, main_controller, {**threads, envvars.KERAS_BACKEND: backend},
                             key={"backend": backend}))  # fmt: skip
     return jobs

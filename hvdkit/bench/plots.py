@@ -4,11 +4,12 @@ against ranks (with the ideal line). matplotlib is imported only here, with a fi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hvdkit.bench.metrics import human_bytes
 
 
-def _pyplot():
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a cluster node
@@ -17,7 +18,7 @@ def _pyplot():
     return plt
 
 
-def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -25,7 +26,7 @@ def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.legend(fontsize=7)
 
 
-def _save(plt, fig, path: Path) -> Path:
+def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from hvdkit import envvars
 from hvdkit.bench.worker import clock, emit, pinned_threads, timed_rounds
@@ -34,7 +36,7 @@ INPUTS = {"cnn": (1, 28), "mlp": (1, 28), "resnet18": (3, 32), "resnet50": (3, 2
 class Variant:
     """One copy of the model and optimizer, wired for one variant, and its training step."""
 
-    def __init__(self, kind: str, model_name: str, batch_size: int, device, threads: int,
+    def __init__(self, kind: str, model_name: str, batch_size: int, device: Any, threads: int,
                  amp: bool = False, channels_last: bool = False) -> None:  # fmt: skip
         import horovod.torch as horovod
         import torch
@@ -79,7 +81,7 @@ class Variant:
         loss.backward()
         self.optimizer.step()
 
-    def samples_per_second(self, steps: int, barrier) -> float:
+    def samples_per_second(self, steps: int, barrier: Callable[[], Any]) -> float:
         import torch
 
         torch.set_num_threads(self.threads)

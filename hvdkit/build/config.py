@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 from hvdkit import envvars
 
 HOROVOD_VERSION = "0.28.1"
 FRAMEWORKS = ("torch", "tensorflow")
 FRAMEWORK_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
-CONTROLLERS = ("gloo", "mpi")
-SYSTEM_DEPS_MODES = ("auto", "apt", "check")
+Controller = Literal["gloo", "mpi"]
+CONTROLLERS: tuple[Controller, ...] = get_args(Controller)
+SystemDeps = Literal["auto", "apt", "check"]
+SYSTEM_DEPS_MODES: tuple[str, ...] = get_args(SystemDeps)
 
 
 def default_cache_dir() -> Path:
@@ -35,12 +38,12 @@ class BuildConfig:
 
     horovod_version: str = HOROVOD_VERSION
     frameworks: tuple[str, ...] = FRAMEWORKS
-    controllers: tuple[str, ...] = CONTROLLERS
-    gpu_operations: str | None = None
+    controllers: tuple[Controller, ...] = CONTROLLERS
+    gpu_operations: Literal["NCCL"] | None = None
     cuda_arch_list: tuple[str, ...] = ()
     cache_dir: Path = field(default_factory=default_cache_dir)
     use_cache: bool = True
-    system_deps: str = "auto"
+    system_deps: SystemDeps = "auto"
     jobs: int | None = None
     sdist: Path | None = None
 
@@ -51,10 +54,10 @@ class BuildConfig:
                 f"--frameworks: {','.join(sorted(unknown)) or '(none)'} is not one of "
                 f"{', '.join(FRAMEWORKS)}; give at least one, e.g. --frameworks torch,tensorflow"
             )
-        unknown = set(self.controllers) - set(CONTROLLERS)
-        if unknown or not self.controllers:
+        unknown_controllers = set(self.controllers) - set(CONTROLLERS)
+        if unknown_controllers or not self.controllers:
             raise ValueError(
-                f"--controllers: {','.join(sorted(unknown)) or '(none)'} is not one of "
+                f"--controllers: {','.join(sorted(unknown_controllers)) or '(none)'} is not one of "
                 f"{', '.join(CONTROLLERS)}; e.g. --controllers gloo,mpi"
             )
         if self.gpu_operations not in (None, "NCCL"):

@@ -11,6 +11,12 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hvdkit.commands import options
+
+if TYPE_CHECKING:
+    from hvdkit.bench.plan import Job
 
 
 def _list(text: str) -> tuple[str, ...]:
@@ -30,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--np", type=_ints, default=(1, 2), metavar="N,N",
                         help="world sizes to run (default 1,2)")  # fmt: skip
-    parser.add_argument("--hostfile", metavar="FILE", help="place ranks on these hosts")
+    options.add_hostfile(parser, "place ranks on these hosts")
     parser.add_argument("--only", type=_list, metavar="SECTIONS",
                         help="some of: allreduce,training,keras,pipeline")  # fmt: skip
     parser.add_argument("--controllers", type=_list, metavar="C,C",
@@ -47,9 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer sizes, steps and rounds")
     parser.add_argument("--json", metavar="PATH", help="write every number here")
     parser.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
-    parser.add_argument("--network-interface", metavar="IF")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="for every job, e.g. HOROVOD_CYCLE_TIME=5 (repeatable)")  # fmt: skip
+    options.add_network_interface(parser, "NIC(s) the jobs use, e.g. eth0")
+    options.add_env(
+        parser, "for every job, e.g. HOROVOD_CYCLE_TIME=5 (repeatable)", metavar="NAME=VALUE"
+    )
     parser.add_argument("--timeout", type=float, default=900, metavar="S", help="per job")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=bench_command)
@@ -135,7 +142,7 @@ def bench_command(args: argparse.Namespace) -> int:
             return _fail(f"--env {item!r}: give NAME=VALUE, e.g. --env HOROVOD_CYCLE_TIME=0.5")
         extra[name] = value
 
-    def starter(job):
+    def starter(job: Job) -> tuple[list[str], dict[str, str]]:
         return command_for(replace(job, env={**job.env, **extra}), hosts, available,
                            args.network_interface)  # fmt: skip
 

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hvdkit.commands.options import add_ssh_options
+from hvdkit.commands import options
 from hvdkit.doctor.checks import FAIL, SKIP, Check
 
 if TYPE_CHECKING:
@@ -24,18 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="skip the 2-process allreduce runs",
     )
-    parser.add_argument(
-        "--network-interface",
-        metavar="IF",
-        default=None,
-        help="network interface for the allreduce runs (horovodrun's flag)",
+    options.add_network_interface(parser, "network interface for the allreduce runs")
+    options.add_hostfile(
+        parser, "check every host in FILE over ssh, then run an allreduce across all of them"
     )
-    parser.add_argument(
-        "--hostfile",
-        metavar="FILE",
-        help="check every host in FILE over ssh, then run an allreduce across all of them",
-    )
-    add_ssh_options(parser)
+    options.add_ssh_options(parser)
     parser.set_defaults(func=doctor_command)
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdkit.commands.options import add_ssh_options
+from hvdkit.commands import options
 
 if TYPE_CHECKING:
     from hvdkit.launch.elastic import ElasticConfig
@@ -37,11 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="number of processes (default: all slots listed)",
     )
     hosts = parser.add_mutually_exclusive_group()
-    hosts.add_argument(
-        "--hostfile",
-        metavar="FILE",
-        help="hosts, one per line (default: localhost); with --min-np, re-read while the job "
-        "runs, so editing it adds or removes hosts",
+    options.add_hostfile(
+        hosts,
+        "hosts, one per line (default: localhost); with --min-np, re-read while the job runs, "
+        "so editing it adds or removes hosts",
     )
     hosts.add_argument("-H", "--hosts", metavar="H1:N,H2:N", help="hosts and slots inline")
     hosts.add_argument(
@@ -100,26 +99,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi")
-    parser.add_argument("--network-interface", metavar="IF", help="NIC(s) to use, e.g. eth0")
+    options.add_network_interface(parser, "NIC(s) to use, e.g. eth0")
     parser.add_argument(
         "--start-timeout",
         type=int,
         metavar="S",
         help="seconds to wait for all ranks to start (horovodrun's default 30)",
     )
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME[=VALUE]",
-        help="set or forward an environment variable to every rank (repeatable)",
-    )
+    options.add_env(parser, "set or forward an environment variable to every rank (repeatable)")
     parser.add_argument(
         "--output-dir",
         metavar="DIR",
         help="write each rank's stdout/stderr under DIR instead of the console",
     )
-    add_ssh_options(parser)
+    options.add_ssh_options(parser)
     parser.add_argument(
         "--dry-run",
         action="store_true",

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdkit import __version__
+from hvdkit import __version__, envvars
 from hvdkit.build import record
-from hvdkit.build.config import FRAMEWORK_NAMES
+from hvdkit.build.config import CONTROLLERS, FRAMEWORK_NAMES, Controller
 from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
 from hvdkit.build.probe import dist_version
 from hvdkit.doctor.worker import PREFIX
@@ -41,14 +41,32 @@ class Check:
         return line + (f"\n      fix: {self.fix}" if self.fix and self.status == FAIL else "")
 
 
-def _keras_backend() -> str:
-    if os.environ.get("KERAS_BACKEND"):
-        return os.environ["KERAS_BACKEND"] + " (KERAS_BACKEND)"
-    config = Path(os.environ.get("KERAS_HOME", Path.home() / ".keras")) / "keras.json"
+def _keras_backend() -> tuple[str, str]:
+    """The backend Keras will use, and where that choice comes from (Keras's own order)."""
+    if os.environ.get(envvars.KERAS_BACKEND):
+        return os.environ[envvars.KERAS_BACKEND], envvars.KERAS_BACKEND
+    config = Path(os.environ.get(envvars.KERAS_HOME, Path.home() / ".keras")) / "keras.json"
     try:
-        return json.loads(config.read_text())["backend"] + f" ({config})"
+        return json.loads(config.read_text())["backend"], str(config)
     except (OSError, ValueError, KeyError):
-        return "tensorflow (default)"
+        return "tensorflow", "default"
+
+
+def keras_check(keras: str) -> Check:
+    """Keras ``keras`` and its backend, which fails when the backend's framework is missing
+    (a PyTorch-only install, where Keras's default TensorFlow backend cannot import)."""
+    backend, source = _keras_backend()
+    detail = f"{keras}, backend {backend} ({source})"
+    if backend in FRAMEWORK_NAMES and not dist_version(backend, f"{backend}-cpu"):
+        others = [name for name in FRAMEWORK_NAMES if dist_version(name, f"{name}-cpu")]
+        fix = f"export KERAS_BACKEND={others[0]}" if others else "install a framework"
+        return Check(
+            FAIL,
+            "Keras",
+            f"{detail}, but {FRAMEWORK_NAMES[backend]} is not installed",
+            f"{fix} (or install {FRAMEWORK_NAMES[backend]})",
+        )
+    return Check(PASS, "Keras", detail)
 
 
 def _mpi_version() -> str | None:
@@ -73,11 +91,7 @@ def version_checks() -> Iterator[Check]:
         version = dist_version(dist, f"{dist}-cpu")
         yield Check(PASS, name, version) if version else Check(SKIP, name, "not installed")
     keras = dist_version("keras")
-    yield (
-        Check(PASS, "Keras", f"{keras}, backend {_keras_backend()}")
-        if keras
-        else Check(SKIP, "Keras", "not installed")
-    )
+    yield keras_check(keras) if keras else Check(SKIP, "Keras", "not installed")
     mpi = _mpi_version()
     yield Check(PASS, "MPI", mpi) if mpi else Check(SKIP, "MPI", "mpirun not found")
 
@@ -177,7 +191,7 @@ def _launch(argv: list[str], timeout: float) -> tuple[int, str]:
 
 def allreduce_check(
     framework: str,
-    controller: str,
+    controller: Controller,
     np: int = 2,
     timeout: float = 180,
     network_interface: str | None = None,
@@ -232,7 +246,7 @@ def allreduce_check(
 def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) -> Iterator[Check]:
     """One allreduce per framework and controller that Horovod was built with."""
     for framework in FRAMEWORK_NAMES:
-        for controller in ("gloo", "mpi"):
+        for controller in CONTROLLERS:
             if not matrix.frameworks.get(framework):
                 continue
             if not matrix.controllers.get(controller):

@@ -19,7 +19,7 @@ import numpy as np
 from hvdkit.checkpoint import CheckpointError, atomic_write
 from hvdkit.core import Adapter, SetupConfig, Topology
 from hvdkit.keras import backend
-from hvdkit.keras.lr import LearningRateWarmupCallback, Schedule, WarmupSchedule
+from hvdkit.keras.lr import LearningRateWarmupCallback, Schedule, WarmupSchedule, lr_holder
 from hvdkit.keras.optimizer import DistributedOptimizer
 from hvdkit.lr import Warmup
 
@@ -91,7 +91,7 @@ class KerasAdapter(Adapter):
 
     def _scale_lr(self, warmup: Warmup) -> None:
         factor, steps = warmup.factor, warmup.steps
-        lr = self.optimizer._learning_rate
+        lr = lr_holder(self.optimizer)
         if isinstance(lr, Schedule):
             # Computed inside the compiled step: scaled, and ramped from 1x over the warmup.
             self.optimizer.learning_rate = WarmupSchedule(lr, steps, start=1 / factor, scale=factor)
@@ -157,7 +157,7 @@ class KerasAdapter(Adapter):
         for group in GROUPS:
             for i, variable in enumerate(variables[group]):
                 variable.assign(arrays[f"{group}.{i}"])
-        lr = self.optimizer._learning_rate
+        lr = lr_holder(self.optimizer)
         if isinstance(lr, keras.Variable) and self.warmup is not None:
             # Saved at another world size: keep the user's LR, rescaled to this one.
             lr.assign(lr * (self.warmup.factor / meta["lr_factor"]))
@@ -205,7 +205,7 @@ class KerasAdapter(Adapter):
 
     def _rescale_lr(self, old: Warmup, new: Warmup) -> None:
         ratio = new.factor / old.factor
-        lr = self.optimizer._learning_rate
+        lr = lr_holder(self.optimizer)
         if isinstance(lr, WarmupSchedule):  # traced again: the session drops the compiled step
             lr.scale, lr.start = new.factor, 1 / new.factor
         elif isinstance(lr, keras.Variable):

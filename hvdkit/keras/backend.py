@@ -14,7 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from hvdkit.core import Topology
+from hvdkit.core import ReduceOp, Topology
 from hvdkit.devices import pin
 from hvdkit.keras.backends import current
 
@@ -53,7 +53,7 @@ def reduce_op(name: str) -> Any:
 
 def allreduce_list(
     tensors: list[Any],
-    op: str = "average",
+    op: ReduceOp = "average",
     name: str = "hvdkit.grads",
     fp16: bool = False,
     *,

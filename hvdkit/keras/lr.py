@@ -109,6 +109,16 @@ def _steps_per_epoch(callback: keras.callbacks.Callback, given: int | None) -> i
     return int(steps)
 
 
+def lr_holder(optimizer: keras.optimizers.Optimizer) -> Any:
+    """What holds ``optimizer``'s LR: its schedule, or the variable a float LR lives in.
+
+    The one read of Keras's private ``_learning_rate``: Keras 3's public ``learning_rate``
+    gives a schedule's current value, not the schedule, and there is no other way to find out
+    whether an LR is scheduled (hvdkit scales a schedule by wrapping it, a float by setting it).
+    """
+    return optimizer._learning_rate
+
+
 def _current_lr(optimizer: keras.optimizers.Optimizer) -> float:
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
@@ -160,7 +170,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         if self.start is None:
             self.start = 1.0 / backend.horovod().size()
         optimizer = self.model.optimizer
-        lr = optimizer._learning_rate
+        lr = lr_holder(optimizer)
         self._schedule = isinstance(lr, Schedule)
         if self._schedule:
             if find_schedule(lr, WarmupSchedule) is None:
@@ -228,7 +238,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = self.model.optimizer
-        lr = optimizer._learning_rate
+        lr = lr_holder(optimizer)
         if isinstance(lr, Schedule):
             self._scaled = find_schedule(lr, MultipliedSchedule)
             if self._scaled is None:

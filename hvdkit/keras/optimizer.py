@@ -53,6 +53,7 @@ from typing import Any
 
 import keras
 
+from hvdkit.core import ReduceOp
 from hvdkit.keras import backend
 
 WRAPPED = "_hvdkit_distributed"
@@ -62,7 +63,7 @@ WRAPPED = "_hvdkit_distributed"
 class Options:
     """How gradients are reduced; one subclass per optimizer class and options."""
 
-    op: str = "average"
+    op: ReduceOp = "average"
     fp16: bool = False
     backward_passes_per_step: int = 1
     average_aggregated_gradients: bool = False
@@ -280,7 +281,7 @@ def distributed_class(base: type, options: Options) -> type:
     return _CLASSES[key]
 
 
-def _op_name(op: Any, hvd: Any) -> str:
+def _op_name(op: Any, hvd: Any) -> ReduceOp:
     if op is None or op == hvd.Average:
         return "average"
     if op == hvd.Sum:

@@ -129,12 +129,13 @@ def setup(
     average_metrics: bool = True,
     **options: Unpack[SetupOptions],
 ) -> Session:
-    """The six steps in one call: init Horovod, pin one GPU per process, scale the LR by world
-    size (with warmup), wrap the optimizer, resume from ``checkpoint`` on rank 0 and broadcast
-    to every rank. Returns a :class:`Session` that unpacks as the optimizer to compile with and
-    the callbacks to give ``fit``: a progress bar on rank 0 only, metric averaging, the warmup
-    (float LRs; a schedule is ramped inside the step) and, with ``checkpoint``, a rank-0 atomic
-    checkpoint every epoch that ``fit`` resumes from.
+    """The six steps in one call (:mod:`hvdkit.core`'s numbering and order): (1) init Horovod,
+    (2) pin one GPU per process, (3) wrap the optimizer, (6) scale the LR by world size with
+    warmup, (5) resume from ``checkpoint`` on rank 0 and (4) broadcast to every rank.
+    Returns a :class:`Session` that unpacks as the optimizer to compile with and the callbacks
+    to give ``fit``: a progress bar on rank 0 only, metric averaging, the warmup (float LRs; a
+    schedule is ramped inside the step) and, with ``checkpoint``, a rank-0 atomic checkpoint
+    every epoch that ``fit`` resumes from.
 
     Give the optimizer the single-process LR. ``options`` are
     :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``, ``warmup_epochs`` (with

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+from hvdkit.build.config import Controller
 from hvdkit.launch.elastic import ElasticConfig, ElasticError
 from hvdkit.launch.elastic import describe as describe_elastic
 from hvdkit.launch.hostfile import Host
@@ -36,7 +37,7 @@ class LaunchConfig:
 
     command: tuple[str, ...]
     np: int | None = None
-    controller: str | None = None  # None: MPI when built and installed, else Gloo
+    controller: Controller | None = None  # None: MPI when built and installed, else Gloo
     network_interface: str | None = None
     start_timeout: int | None = None
     env: tuple[str, ...] = ()  # NAME or NAME=VALUE
@@ -151,7 +152,7 @@ def forwarded_env(names: tuple[str, ...], environ: dict[str, str]) -> dict[str, 
     return out
 
 
-def default_controller(available: tuple[str, ...]) -> str:
+def default_controller(available: tuple[str, ...]) -> Controller:
     """What a job runs on when no controller is asked for: MPI when this Horovod can use it
     (as horovodrun chooses), else Gloo."""
     return "mpi" if "mpi" in available else "gloo"
@@ -175,8 +176,9 @@ def build_plan(
             "--mpi with an elastic job (--min-np / --host-discovery-script): Horovod's elastic "
             "mode runs on Gloo only. Fix: drop --mpi (hvdkit picks Gloo for elastic jobs)"
         )
-    controller = "gloo" if elastic is not None else config.controller
-    controller = controller or default_controller(available)
+    controller: str = (
+        "gloo" if elastic is not None else config.controller or default_controller(available)
+    )
     if controller not in available:
         raise LaunchError(
             f"--{controller}: this Horovod cannot use {controller.upper()} here "

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from hvdkit.build.config import CONTROLLERS, Controller
 from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.elastic_report import SUMMARY
 from hvdkit.launch.horovodrun import END
@@ -39,7 +40,7 @@ def recorded_controllers() -> list[str] | None:
     return None if built is None else built.controllers
 
 
-def available_controllers(python: str = sys.executable) -> tuple[str, ...]:
+def available_controllers(python: str = sys.executable) -> tuple[Controller, ...]:
     """Controllers this environment's Horovod can use: Gloo when built, MPI when built *and*
     ``mpirun`` is on PATH. Read from hvdkit's build record when there is one (fast), else from
     Horovod itself."""
@@ -51,9 +52,7 @@ def available_controllers(python: str = sys.executable) -> tuple[str, ...]:
             built = [c for c, ok in read_matrix(python).controllers.items() if ok]
         except MatrixError:
             built = []
-    return tuple(
-        c for c in ("gloo", "mpi") if c in built and (c != "mpi" or shutil.which("mpirun"))
-    )
+    return tuple(c for c in CONTROLLERS if c in built and (c != "mpi" or shutil.which("mpirun")))
 
 
 def _from_files(output: RankOutput, output_dir: str, rank: int) -> None:

@@ -270,8 +270,9 @@ def setup(
     checkpoint: str | Path | None = None,
     **options: Unpack[SetupOptions],
 ) -> Session:
-    """The six steps in one call: init, pin the device, scale the LR (with warmup), wrap the
-    optimizer, resume from ``checkpoint`` on rank 0 and broadcast to all ranks.
+    """The six steps in one call (:mod:`hvdkit.core`'s numbering and order): (1) init Horovod,
+    (2) pin the device, (3) wrap the optimizer, (6) scale the LR by world size with warmup,
+    (5) resume from ``checkpoint`` on rank 0 and (4) broadcast to all ranks.
 
     ``options`` are :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``,
     ``warmup_epochs``/``warmup_steps`` (+ ``steps_per_epoch``), ``op``, ``compression``,
