@@ -182,6 +182,11 @@ def test_pytorch_only_image_is_smaller_and_trains_like_one_process(image, torch_
     for line in ("SKIP  TensorFlow: not installed", "backend torch (KERAS_BACKEND)",
                  "PASS  allreduce PyTorch / gloo", "PASS  allreduce PyTorch / mpi"):  # fmt: skip
         assert line in doctor.stdout, doctor.stdout
+    # Built without KERAS_BACKEND=torch, Keras would look for TensorFlow: the gate says so.
+    unset = torch_image.run(TORCH_TAG, "doctor", "--no-allreduce",
+                            flags=("-e", "KERAS_BACKEND="), timeout=300)  # fmt: skip
+    assert unset.returncode != 0, unset.stdout
+    assert "FAIL  Keras" in unset.stdout and "export KERAS_BACKEND=torch" in unset.stdout
     local = ("--network", "host", "-v", f"{ROOT / 'tests'}:/opt/hvdkit/tests:ro")
     launch = ("run", "-np", "2", "--hostfile", "hostfiles/localhost", "--", "python")
     step = torch_image.run(TORCH_TAG, *launch, "tests/workers/torch_worker.py", "one_step",
