@@ -67,18 +67,21 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
     assert 'make setup FRAMEWORKS="${FRAMEWORKS}"' in runs
     makefile = (ROOT / "Makefile").read_text()
     assert "$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)" in makefile
+    assert makefile_variable("BUILD_FLAGS") == (
+        "--frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_FLAGS)"
+    )
     assert "pip install -q --disable-pip-version-check -r $(VENV)/stack.txt" in makefile
     # No Python version pin outside the stack file, no second build command.
     assert not re.search(r"[\w-]+==\d", runs), runs
     assert "build-horovod" not in runs and "pip install horovod" not in runs
-    flags = re.search(r'BUILD_FLAGS="([^"]*)"', runs)
+    assert not re.search(r'(?<!EXTRA_)BUILD_FLAGS=', runs)  # the Makefile's flags, not a copy
+    flags = re.search(r'EXTRA_BUILD_FLAGS="([^"]*)"', runs)
     args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
     if path.name == "Dockerfile.cpu":
         assert flags is None  # exactly the Makefile's default build
         assert args["FRAMEWORKS"] == makefile_variable("FRAMEWORKS") == "torch,tensorflow"
         assert args["KERAS_BACKEND"] == ""  # Keras's own default unless asked
     else:
-        assert flags.group(1).startswith("--frameworks ${FRAMEWORKS} ")
         assert "--gpu-operations NCCL" in flags.group(1) and "--cuda-arch" in flags.group(1)
         assert args["FRAMEWORKS"] == args["KERAS_BACKEND"] == "torch"
     assert ("ENV", "KERAS_BACKEND=${KERAS_BACKEND}") in [

@@ -78,7 +78,7 @@ def test_keras_check_fails_when_its_backend_framework_is_missing(
     monkeypatch.setenv("KERAS_BACKEND", backend)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # no keras.json: Keras's default
     monkeypatch.setattr(
-        checks, "dist_version", lambda *names: "1.0" if names[0] in installed else None
+        checks, "framework_version", lambda dist: "1.0" if dist in installed else None
     )
     check = checks.keras_check("3.15.1")
     assert check.status == status, check.render()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from hvdkit import envvars
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
-from hvdkit.build.config import CONTROLLERS, Controller
+from hvdkit.build.config import Controller
 from hvdkit.launch.plan import default_controller
 
 SECTIONS = ("allreduce", "training", "keras", "pipeline")
@@ -91,12 +91,12 @@ def check(config: BenchConfig, available: tuple[str, ...]) -> None:
         raise ValueError(f"--threads {config.threads}: must be >= 1")
 
 
-def plan_jobs(config: BenchConfig, available: tuple[str, ...]) -> list[Job]:
+def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Job]:
     """Every launch of the run, in order: quick and cheap first, so a failure shows early."""
     check(config, available)
     quick = ("--quick",) if config.quick else ()
     threads = {envvars.BENCH_THREADS: str(config.threads)}
-    controllers = config.controllers or tuple(c for c in CONTROLLERS if c in available)
+    controllers = config.controllers or available
     main_controller = config.controllers[0] if config.controllers else default_controller(available)
     jobs: list[Job] = []
     if "pipeline" in config.sections:

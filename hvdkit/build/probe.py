@@ -39,6 +39,12 @@ def dist_version(*names: str) -> str | None:
     return None
 
 
+def framework_version(dist: str) -> str | None:
+    """The installed version of a framework (``torch``, ``tensorflow``), or of its ``-cpu``
+    distribution (``tensorflow-cpu``), else None."""
+    return dist_version(dist, f"{dist}-cpu")
+
+
 def _package_dir(module: str) -> Path | None:
     try:
         spec = importlib.util.find_spec(module)

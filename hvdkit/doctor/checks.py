@@ -18,7 +18,7 @@ from hvdkit import __version__, envvars
 from hvdkit.build import record
 from hvdkit.build.config import CONTROLLERS, FRAMEWORK_NAMES, Controller
 from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
-from hvdkit.build.probe import dist_version
+from hvdkit.build.probe import dist_version, framework_version
 from hvdkit.doctor.worker import PREFIX
 from hvdkit.launch.hostfile import Host
 from hvdkit.launch.plan import LaunchConfig, build_plan
@@ -57,8 +57,8 @@ def keras_check(keras: str) -> Check:
     (a PyTorch-only install, where Keras's default TensorFlow backend cannot import)."""
     backend, source = _keras_backend()
     detail = f"{keras}, backend {backend} ({source})"
-    if backend in FRAMEWORK_NAMES and not dist_version(backend, f"{backend}-cpu"):
-        others = [name for name in FRAMEWORK_NAMES if dist_version(name, f"{name}-cpu")]
+    if backend in FRAMEWORK_NAMES and not framework_version(backend):
+        others = [name for name in FRAMEWORK_NAMES if framework_version(name)]
         fix = f"export KERAS_BACKEND={others[0]}" if others else "install a framework"
         return Check(
             FAIL,
@@ -88,7 +88,7 @@ def version_checks() -> Iterator[Check]:
         else Check(FAIL, "Horovod", "not installed", "hvdkit build-horovod (or `make setup`)")
     )
     for dist, name in FRAMEWORK_NAMES.items():
-        version = dist_version(dist, f"{dist}-cpu")
+        version = framework_version(dist)
         yield Check(PASS, name, version) if version else Check(SKIP, name, "not installed")
     keras = dist_version("keras")
     yield keras_check(keras) if keras else Check(SKIP, "Keras", "not installed")
@@ -107,7 +107,7 @@ def build_checks() -> tuple[list[Check], BuildMatrix | None]:
     checks = [Check(PASS, "Horovod build", matrix.describe())]
     built_for = _built_for()
     for dist, name in FRAMEWORK_NAMES.items():
-        installed = dist_version(dist, f"{dist}-cpu")
+        installed = framework_version(dist)
         if installed and not matrix.frameworks.get(dist):
             checks.append(
                 Check(

@@ -26,12 +26,12 @@ SAME_ENV_FIX = (
 def collect() -> dict:
     """This machine's versions and GPU count (run locally, and remotely over ssh)."""
     from hvdkit import __version__
-    from hvdkit.build.probe import dist_version
+    from hvdkit.build.probe import dist_version, framework_version
 
     versions: dict[str, str | None] = {"Python": platform.python_version(), "hvdkit": __version__}
     versions["Horovod"] = dist_version("horovod")
     for dist, name in FRAMEWORK_NAMES.items():
-        versions[name] = dist_version(dist, f"{dist}-cpu")
+        versions[name] = framework_version(dist)
     versions["Keras"] = dist_version("keras")
     gpus = 0
     if shutil.which("nvidia-smi"):
