@@ -40,3 +40,18 @@ OLD = dataclasses.replace(
     tf_has_moved_xla_builder=False,
     cmake_version="3.25.1",
 )
+# A new user's venv (issue 24): Python 3.12, PyPI's default torch (a CUDA 13 build), no GPU,
+# the toolkit hvdkit chose from the nvidia wheels beside torch; TensorFlow not installed.
+CUDA_TORCH = dataclasses.replace(
+    TODAY,
+    python_version="3.12.1",
+    python_tag="cp312",
+    torch_version="2.15.0",
+    torch_include_dir="/venv/lib/python3.12/site-packages/torch/include",
+    torch_cuda="13.0",
+    tensorflow_version=None,
+    cuda_home="/usr/local/cuda",
+    cuda_version="13.0",
+    cuda_source="/usr/local/cuda",
+    cuda_passed_over=("/usr/local (nvcc on PATH): no a working bin/nvcc",),
+)

@@ -6,12 +6,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from stacks import OLD, TODAY
+from stacks import CUDA_TORCH, OLD, TODAY
 
 from hvdkit.build.cache import cache_key
 from hvdkit.build.config import BuildConfig, BuildEnv
 from hvdkit.build.prereqs import find_problems, missing_system_packages
-from hvdkit.build.remedies import plan_remedies, version_tuple
+from hvdkit.build.cuda import CudaCandidate, choose_toolkit, wheel_install_line
+from hvdkit.build.remedies import Remedy, plan_remedies, version_tuple
 
 CFG = BuildConfig(cache_dir=Path("/cache"))
 
@@ -176,3 +177,96 @@ def test_version_tuple():
     assert version_tuple("4.0.0-rc1") == (4, 0, 0)
     assert version_tuple("13") == (13,)
     assert version_tuple("dev") == ()
+
+
+TORCH_ONLY = BuildConfig(frameworks=("torch",), cache_dir=Path("/c"))
+
+
+def test_cxx_standard_follows_torch():
+    def remedy(version: str) -> Remedy | None:
+        env = dataclasses.replace(TODAY, torch_version=version)
+        return next((r for r in plan_remedies(env, CFG) if r.key.startswith("cxx")), None)
+
+    assert remedy("2.0.1") is None
+    assert (remedy("2.1.0").key, remedy("2.1.0").cxx_std) == ("cxx17", "c++17")
+    assert remedy("2.13.0+cpu").torch_cxx_std is None
+    for version in ("2.14.0", "2.14.1", "2.15.0+cu132"):
+        found = remedy(version)
+        assert (found.key, found.cxx_std, found.torch_cxx_std) == ("cxx20", "c++17", "c++20")
+
+
+def test_cuda_torch_gets_the_chosen_toolkit_for_torch_and_cmake():
+    remedies = plan_remedies(CUDA_TORCH, TORCH_ONLY)
+    assert [r.key for r in remedies] == ["build-isolation", "cmake-policy", "cxx20", "torch-cuda"]
+    cuda = remedies[-1]
+    assert cuda.env == {
+        "CUDA_HOME": "/usr/local/cuda",
+        "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+        "CUDAToolkit_ROOT": "/usr/local/cuda",
+    }
+    assert cuda.path_prepend == ("/usr/local/cuda/bin",)
+    assert find_problems(CUDA_TORCH, TORCH_ONLY, []) == []
+    # A CPU torch, or a build without torch, gets no CUDA.
+    assert "torch-cuda" not in keys(dataclasses.replace(CUDA_TORCH, torch_cuda=None), TORCH_ONLY)
+
+
+def test_cuda_torch_without_a_usable_toolkit_stops_with_the_pip_line():
+    none = dataclasses.replace(CUDA_TORCH, cuda_home=None, cuda_version=None)
+    assert "torch-cuda" not in keys(none, TORCH_ONLY)
+    (problem,) = find_problems(none, TORCH_ONLY, [])
+    text = str(problem)
+    assert "CUDA 13.0 build" in text and "/usr/local (nvcc on PATH)" in text
+    assert "pip install 'nvidia-cuda-nvcc==13.*' 'nvidia-cuda-runtime==13.*'" in text
+    assert "CPU build of PyTorch" in text
+
+
+def test_toolkit_choice_takes_the_first_complete_one_of_torchs_major():
+    def cand(home: str, version: str | None = "13.0", headers=True, cudart=True):
+        return CudaCandidate(home, home, version, headers, cudart)
+
+    shim = cand("/usr/local", version=None, headers=False, cudart=False)
+    old = cand("/opt/cuda-12", version="12.8")
+    full = cand("/usr/local/cuda")
+    chosen, passed = choose_toolkit((shim, old, full), "13.0")
+    assert chosen == full
+    assert passed == [
+        "/usr/local (/usr/local): no a working bin/nvcc, no include/cuda_runtime.h, "
+        "no lib/libcudart",
+        "/opt/cuda-12 (/opt/cuda-12): CUDA 12.8, but torch is built for CUDA 13.0",
+    ]
+    assert choose_toolkit((shim, old), "13.0")[0] is None
+    assert choose_toolkit((old,), None)[0] == old  # a CPU torch: any complete toolkit (NCCL)
+    assert wheel_install_line("12.8") == "pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-runtime-cu12"
+
+
+def test_cache_key_has_the_cuda_part_for_a_cuda_torch():
+    base = cache_key(CUDA_TORCH, TORCH_ONLY)
+    assert cache_key(dataclasses.replace(CUDA_TORCH, cuda_version="13.1"), TORCH_ONLY) != base
+    assert cache_key(dataclasses.replace(CUDA_TORCH, torch_cuda="13.2"), TORCH_ONLY) != base
+    cpu = dataclasses.replace(CUDA_TORCH, torch_cuda=None)
+    assert cache_key(dataclasses.replace(cpu, cuda_version="13.1"), TORCH_ONLY) == cache_key(
+        cpu, TORCH_ONLY
+    )
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"python_version": "3.14.0"}, "Python 3.14.0 is outside the range"),
+        ({"python_version": "3.10.13"}, "Python 3.10.13 is outside the range"),
+        ({"torch_version": "2.16.0"}, "PyTorch 2.16.0 is newer than any release"),
+        ({"torch_version": "1.4.0"}, "PyTorch 1.4.0 is older than Horovod 0.28.1 supports"),
+        ({"tensorflow_version": "2.22.0"}, "TensorFlow 2.22.0 is newer"),
+        ({"compiler_version": "9.4.0"}, "gcc 9.4.0 (/usr/bin/c++) predates it"),
+    ],
+)
+def test_untested_versions_and_old_compilers_stop_before_the_compile(change, expected):
+    env = dataclasses.replace(TODAY, **{"torch_version": "2.14.1", **change})
+    text = "\n".join(map(str, find_problems(env, CFG, [])))
+    assert expected in text
+    untested = "--allow-untested" in text
+    allowed = BuildConfig(allow_untested=True, cache_dir=Path("/c"))
+    assert bool(find_problems(env, allowed, [])) != untested  # the flag lifts only the range
+    # The newest known minor's patch releases are known, and 3.11 to 3.13 are tested.
+    for ok in ({"torch_version": "2.15.9"}, {"python_version": "3.13.0"}):
+        assert find_problems(dataclasses.replace(TODAY, **ok), CFG, []) == []

@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from stacks import TODAY
+from stacks import CUDA_TORCH, TODAY
 
 from hvdkit.build.cache import WheelCache
 from hvdkit.build.config import BuildConfig
@@ -56,7 +56,7 @@ def test_recipe_for_todays_stack(tmp_path):
     assert env["CPLUS_INCLUDE_PATH"] == f"{tmp_path}/include"
     forward = tmp_path / "include/tensorflow/compiler/xla/client/xla_builder.h"
     assert forward.read_text() == '#include "xla/hlo/builder/xla_builder.h"\n'
-    assert "-std=c++17" in (tmp_path / "bin/c++").read_text()
+    assert "std=c++17" in (tmp_path / "bin/c++").read_text()
 
 
 def test_recipe_without_remedies_leaves_compiler_alone(tmp_path):
@@ -155,3 +155,71 @@ def test_first_error_recognises_each_known_failure():
 def test_no_error_shows_the_tail():
     text = summarize_failure([f"line {i}" for i in range(100)], "/l.log")
     assert "line 99" in text and "line 10\n" not in text
+
+
+def test_wrapper_gives_cxx20_only_to_units_that_include_torch(tmp_path):
+    """torch >= 2.14: Horovod's -std=c++14 (and a C++17 flag) becomes -std=c++20 where the
+    unit names torch's include dir; every other unit keeps the C++17 rewrite."""
+    include = "/venv/site-packages/torch/include"
+    wrapper = tmp_path / "c++"
+    wrapper.write_text(wrapper_script(str(_fake_compiler(tmp_path)), "c++17", (), "c++20", include))
+    wrapper.chmod(0o755)
+
+    def run(*args: str) -> list[str]:
+        return subprocess.run(
+            [str(wrapper), *args], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+
+    torch_unit = ["-isystem", include, "-std=gnu++14", "-std=c++17", "-c", "torch/ops.cc"]
+    assert run(*torch_unit) == ["-isystem", include, "-std=c++20", "-std=c++20", "-c",
+                                "torch/ops.cc"]  # fmt: skip
+    assert run(f"-I{include}/api", "-std=c++14") == [f"-I{include}/api", "-std=c++20"]
+    assert run("-I/tf/include", "-std=c++14", "-std=c++17") == [
+        "-I/tf/include", "-std=c++17", "-std=c++17"
+    ]  # fmt: skip
+
+
+def test_recipe_for_a_cuda_torch_puts_the_toolkit_first_on_path(tmp_path):
+    cfg = BuildConfig(frameworks=("torch",), cache_dir=tmp_path)
+    built = make_recipe(
+        CUDA_TORCH, cfg, plan_remedies(CUDA_TORCH, cfg), {"PATH": "/usr/local/bin:/usr/bin"}
+    ).materialize(tmp_path)
+    assert built["PATH"].split(":")[0] == "/usr/local/cuda/bin"
+    assert built["PATH"].endswith("/usr/local/bin:/usr/bin")
+    assert built["CUDA_HOME"] == built["HOROVOD_CUDA_HOME"] == "/usr/local/cuda"
+    script = (tmp_path / "bin/c++").read_text()
+    assert "std=c++20" in script and CUDA_TORCH.torch_include_dir in script
+
+
+# The two errors a torch 2.15 CUDA build hit (issue 24), each after torch's NumPy warning,
+# which the scan used to report as the first error.
+CXX20_LOG = """\
+-- Found Pytorch: 2.15.0+cu132
+/venv/lib/python3.12/site-packages/torch/_subclasses/functional_tensor.py:283: UserWarning: \
+Failed to initialize NumPy: No module named 'numpy' (Triggered internally at torch/csrc/utils/\
+tensor_numpy.cpp:84.)
+[ 95%] Building CXX object horovod/torch/CMakeFiles/pytorch.dir/mpi_ops_v2.cc.o
+In file included from /venv/lib/python3.12/site-packages/torch/include/ATen/ATen.h:1,
+/venv/lib/python3.12/site-packages/torch/include/ATen/ATen.h:9:2: error: #error C++20 or later \
+compatible compiler is required to use ATen.
+    9 | #error C++20 or later compatible compiler is required to use ATen.
+make[2]: *** [horovod/torch/CMakeFiles/pytorch.dir/build.make:90] Error 1
+"""
+CUDA_LOG = """\
+UserWarning: Failed to initialize NumPy: No module named 'numpy'
+CMake Error at /venv/lib/python3.12/site-packages/cmake/data/share/cmake-4.4/Modules/\
+FindPackageHandleStandardArgs.cmake:290 (message):
+  Could NOT find CUDAToolkit (missing: CUDAToolkit_INCLUDE_DIR CUDA_CUDART) (found version
+  "13.0.88")
+Call Stack (most recent call first):
+  horovod/torch/CMakeLists.txt:23 (add_cuda)
+"""
+
+
+def test_log_scan_skips_warnings_and_knows_the_cxx20_and_cuda_errors():
+    for log, key, line in ((CXX20_LOG, "cxx20", 5), (CUDA_LOG, "torch-cuda", 2)):
+        found = first_error(log.splitlines())
+        assert found is not None and found.line_number == line, (key, found)
+        assert found.known is not None and found.known.key == key
+        text = summarize_failure(log.splitlines(), "/l.log")
+        assert "numpy" not in text and "Fix: " in text

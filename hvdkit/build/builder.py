@@ -23,7 +23,7 @@ from hvdkit.build.cache import WheelCache, cache_inputs, cache_key
 from hvdkit.build.config import BuildConfig, BuildEnv
 from hvdkit.build.logscan import summarize_failure
 from hvdkit.build.matrix import MatrixError, read_matrix
-from hvdkit.build.prereqs import find_problems, missing_system_packages
+from hvdkit.build.prereqs import Problem, find_problems, missing_system_packages
 from hvdkit.build.probe import probe
 from hvdkit.build.recipe import make_recipe
 from hvdkit.build.remedies import Remedy, plan_remedies
@@ -58,22 +58,39 @@ def _pip(*args: str, log_file: Path | None = None) -> None:
 
 def describe_plan(env: BuildEnv, cfg: BuildConfig, remedies: list[Remedy], key: str) -> str:
     """The lines printed before anything runs: what was found and which remedies apply."""
+    torch = f"torch {env.torch_version}" if env.torch_version else "no torch"
+    if env.torch_cuda:
+        torch += f" (a CUDA {env.torch_cuda} build)"
     found = [
         f"Python {env.python_version}",
-        f"torch {env.torch_version}" if env.torch_version else "no torch",
+        torch,
         f"TensorFlow {env.tensorflow_version}" if env.tensorflow_version else "no TensorFlow",
         f"{env.compiler_id} {env.compiler_version}" if env.compiler else "no C++ compiler",
         f"CMake {env.cmake_version}" if env.cmake else "no CMake",
         f"{env.mpi_implementation} {env.mpi_version}" if env.mpi_implementation else "no MPI",
     ]
     if cfg.gpu_operations:
-        found.append(f"CUDA {env.cuda_version}, NCCL {env.nccl_version}")
+        found.append(f"NCCL {env.nccl_version}")
+    cuda_torch = "torch" in cfg.frameworks and env.torch_cuda
+    gpu_ops = cfg.gpu_operations or (
+        "none (CPU collectives; CUDA tensors staged through host memory)"
+        if cuda_torch
+        else "none (CPU)"
+    )
     lines = [
         f"hvdkit build-horovod {cfg.horovod_version}: frameworks {','.join(cfg.frameworks)}; "
-        f"controllers {','.join(cfg.controllers)}; GPU ops {cfg.gpu_operations or 'none (CPU)'}",
+        f"controllers {','.join(cfg.controllers)}; GPU ops {gpu_ops}",
         "Found: " + ", ".join(found),
-        "Remedies:",
     ]
+    if cfg.gpu_operations or cuda_torch:
+        chosen = (
+            f"{env.cuda_home} ({env.cuda_source}, CUDA {env.cuda_version})"
+            if env.cuda_home
+            else "none usable"
+        )
+        lines.append(f"CUDA toolkit: {chosen}")
+        lines += [f"  passed over: {why}" for why in env.cuda_passed_over]
+    lines.append("Remedies:")
     lines += [f"  - {r.key}: {r.reason}" for r in remedies]
     lines.append(f"Cache key: {key}")
     return "\n".join(lines)
@@ -91,17 +108,23 @@ def _already_installed(key: str, version: str) -> bool:
         return False
 
 
-def _ensure_system_packages(env: BuildEnv, cfg: BuildConfig, log: Log) -> BuildEnv:
+def plan_problems(env: BuildEnv, cfg: BuildConfig) -> tuple[list[str], list[Problem]]:
+    """The Debian packages the build will install, and what stops it (each with its fix)."""
     packages = missing_system_packages(env, plan_remedies(env, cfg))
     can_install = cfg.system_deps in ("auto", "apt") and env.is_root and env.has_apt
-    if packages and can_install:
+    to_install = packages if can_install else []
+    return to_install, find_problems(env, cfg, [] if can_install else packages)
+
+
+def _ensure_system_packages(env: BuildEnv, cfg: BuildConfig, log: Log) -> BuildEnv:
+    packages, problems = plan_problems(env, cfg)
+    if packages:
         try:
             system.apt_install(packages, log)
         except RuntimeError as exc:
             raise BuildError(str(exc)) from exc
         env = probe()
-        packages = missing_system_packages(env, plan_remedies(env, cfg))
-    problems = find_problems(env, cfg, packages)
+        problems = find_problems(env, cfg, missing_system_packages(env, plan_remedies(env, cfg)))
     if problems:
         raise BuildError("Cannot build Horovod yet:\n\n" + "\n\n".join(map(str, problems)))
     return env

@@ -32,6 +32,10 @@ def cache_inputs(env: BuildEnv, cfg: BuildConfig) -> dict[str, object]:
     }
     if "torch" in cfg.frameworks:
         inputs["torch"] = env.torch_version
+        if env.torch_cuda:
+            # A CUDA torch gets CUDA compiled in (hvdkit.build.cuda): the toolkit is an input.
+            inputs["torch_cuda"] = env.torch_cuda
+            inputs["cuda"] = env.cuda_version
     if "tensorflow" in cfg.frameworks:
         inputs["tensorflow"] = env.tensorflow_version
     if "mpi" in cfg.controllers:

@@ -46,6 +46,7 @@ class BuildConfig:
     system_deps: SystemDeps = "auto"
     jobs: int | None = None
     sdist: Path | None = None
+    allow_untested: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.frameworks) - set(FRAMEWORKS)
@@ -98,6 +99,8 @@ class BuildEnv:
     platform: str
     torch_version: str | None = None
     torch_cxx11_abi: bool | None = None
+    torch_include_dir: str | None = None
+    torch_cuda: str | None = None  # the CUDA a CUDA build of torch was made for, e.g. "13.0"
     tensorflow_version: str | None = None
     tf_include_dir: str | None = None
     tf_has_highwayhash: bool = True
@@ -114,8 +117,10 @@ class BuildEnv:
     mpi_implementation: str | None = None
     mpi_version: str | None = None
     mpicxx: str | None = None
-    cuda_home: str | None = None
+    cuda_home: str | None = None  # the toolkit hvdkit chose (hvdkit.build.cuda); None if none
     cuda_version: str | None = None
+    cuda_source: str | None = None
+    cuda_passed_over: tuple[str, ...] = ()  # candidates not chosen, each with why
     nccl_version: str | None = None
     nccl_lib_dir: str | None = None
     nccl_include_dir: str | None = None

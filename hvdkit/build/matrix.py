@@ -11,13 +11,18 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+# A framework counts as built when its extension library exists: `horovod.torch` imports,
+# and Horovod's own extension_available() can say yes, without the library it needs.
 _SCRIPT = """
-import json
+import json, os, sysconfig
 import horovod
 from horovod.common import util
+root = os.path.dirname(horovod.__file__)
+suffix = sysconfig.get_config_var("EXT_SUFFIX")
+libs = {"torch": "torch/mpi_lib_v2", "tensorflow": "tensorflow/mpi_lib"}
 print(json.dumps({
     "version": horovod.__version__,
-    "frameworks": {n: bool(util.extension_available(n)) for n in ("torch", "tensorflow")},
+    "frameworks": {n: os.path.exists(os.path.join(root, lib + suffix)) for n, lib in libs.items()},
     "controllers": {"mpi": bool(util.mpi_built()), "gloo": bool(util.gloo_built())},
     "ops": {"nccl": bool(util.nccl_built()), "ddl": bool(util.ddl_built()),
             "ccl": bool(util.ccl_built())},

@@ -8,7 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvdkit.build.config import FRAMEWORK_NAMES, BuildConfig, BuildEnv
+from hvdkit.build.cuda import wheel_install_line
 from hvdkit.build.remedies import Remedy
+from hvdkit.build.versions import (
+    CXX20_COMPILERS,
+    KNOWN_RANGES,
+    PYTHON_TESTED,
+    at_least,
+    in_range,
+)
 
 STACK_FILE = "hvdkit/build/stack-cpu.txt"
 
@@ -89,6 +97,69 @@ def find_problems(env: BuildEnv, cfg: BuildConfig, packages_to_install: list[str
             )
     if cfg.gpu_operations == "NCCL":
         problems += _gpu_problems(env, cfg)
+    if "torch" in cfg.frameworks and env.torch_cuda and env.cuda_home is None:
+        problems.append(_no_toolkit_problem(env))
+    problems += _compiler_problems(env, cfg)
+    if not cfg.allow_untested:
+        problems += _untested_problems(env, cfg)
+    return problems
+
+
+def _no_toolkit_problem(env: BuildEnv) -> Problem:
+    looked = "; ".join(env.cuda_passed_over) or "no candidate directory exists"
+    return Problem(
+        f"PyTorch {env.torch_version} is a CUDA {env.torch_cuda} build, so Horovod compiles CUDA "
+        "support into its PyTorch extension, and that needs a CUDA toolkit (nvcc, "
+        f"cuda_runtime.h, libcudart) of CUDA {env.torch_cuda}. None was usable: {looked}.",
+        f"{wheel_install_line(env.torch_cuda)} into this environment (no GPU needed), or set "
+        "CUDA_HOME to a full toolkit; or install a CPU build of PyTorch.",
+    )
+
+
+def _compiler_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
+    minimum = CXX20_COMPILERS.get(env.compiler_id or "")
+    needs_cxx20 = "torch" in cfg.frameworks and at_least(env.torch_version, "2.14")
+    if not (needs_cxx20 and minimum and env.compiler_version) or at_least(
+        env.compiler_version, minimum
+    ):
+        return []
+    return [
+        Problem(
+            f"PyTorch {env.torch_version}'s headers need C++20, and {env.compiler_id} "
+            f"{env.compiler_version} ({env.compiler}) predates it ({env.compiler_id} >= "
+            f"{minimum} needed).",
+            f"install a newer compiler (e.g. apt-get install -y g++-12) and point CXX at it, or "
+            "use PyTorch <= 2.13, which needs only C++17.",
+        )
+    ]
+
+
+def _untested_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
+    problems = []
+    low, high = PYTHON_TESTED
+    if not in_range(env.python_version, low, high):
+        problems.append(
+            Problem(
+                f"Python {env.python_version} is outside the range hvdkit's build is tested on "
+                f"({low} to {high}).",
+                f"use Python {low} to {high} (make setup PYTHON=python{high}), or try anyway "
+                "with hvdkit build-horovod --allow-untested.",
+            )
+        )
+    for name in cfg.frameworks:
+        version = {"torch": env.torch_version, "tensorflow": env.tensorflow_version}[name]
+        low, high = KNOWN_RANGES[name]
+        if version and not in_range(version, low, high):
+            side = "older than Horovod 0.28.1 supports" if not at_least(version, low) else (
+                "newer than any release hvdkit's build remedies are known for"
+            )
+            problems.append(
+                Problem(
+                    f"{FRAMEWORK_NAMES[name]} {version} is {side} ({low} to {high}.x).",
+                    f"install {FRAMEWORK_NAMES[name]} {low} to {high} (the pins in {STACK_FILE}"
+                    " are tested), or try anyway with hvdkit build-horovod --allow-untested.",
+                )
+            )
     return problems
 
 

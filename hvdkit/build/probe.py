@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hvdkit import envvars
 from hvdkit.build.config import BuildEnv
+from hvdkit.build.cuda import CudaCandidate, choose_toolkit
 
 
 def _run(argv: list[str]) -> str | None:
@@ -97,17 +98,50 @@ def _mpi() -> tuple[str | None, str | None, str | None]:
     return "unknown", None, mpicxx
 
 
-def _cuda() -> tuple[str | None, str | None]:
-    candidates = [os.environ.get(envvars.CUDA_HOME), "/usr/local/cuda"]
+def _torch_cuda(torch_dir: Path | None) -> str | None:
+    """The CUDA a CUDA build of torch was made for (its version.py), without importing it."""
+    try:
+        text = (torch_dir / "version.py").read_text() if torch_dir else ""
+    except OSError:
+        return None
+    match = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*['\"]([\d.]+)['\"]", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _cuda_candidate(home: Path, source: str) -> CudaCandidate:
+    nvcc = home / "bin" / "nvcc"
+    text = _run([str(nvcc), "--version"]) if nvcc.exists() else None
+    match = re.search(r"release\s+([\d.]+)", text or "")
+    libs = [home / d for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
+    return CudaCandidate(
+        home=str(home),
+        source=source,
+        version=match.group(1) if match else None,
+        has_headers=(home / "include" / "cuda_runtime.h").exists(),
+        has_cudart=any(any(d.glob("libcudart.so*")) for d in libs if d.is_dir()),
+    )
+
+
+def cuda_candidates() -> tuple[CudaCandidate, ...]:
+    """Every place a CUDA toolkit may be, in hvdkit's order (:mod:`hvdkit.build.cuda`)."""
+    places: list[tuple[Path, str]] = []
+    nvidia = _package_dir("nvidia")
+    if nvidia is not None:
+        # CUDA 13's wheels share one prefix per major version (nvidia/cu13/{bin,include,lib}).
+        places += [(p, "nvidia wheels") for p in sorted(nvidia.glob("cu[0-9]*"), reverse=True)]
+    if os.environ.get(envvars.CUDA_HOME):
+        places.append((Path(os.environ[envvars.CUDA_HOME]), "$CUDA_HOME"))
+    places.append((Path("/usr/local/cuda"), "/usr/local/cuda"))
     nvcc = shutil.which("nvcc")
     if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent.parent))
-    for home in filter(None, candidates):
-        nvcc_path = Path(home) / "bin" / "nvcc"
-        if nvcc_path.exists():
-            match = re.search(r"release\s+([\d.]+)", _run([str(nvcc_path), "--version"]) or "")
-            return home, match.group(1) if match else None
-    return None, None
+        places.append((Path(nvcc).parent.parent, "nvcc on PATH"))
+    seen: set[str] = set()
+    found = []
+    for home, source in places:
+        if home.is_dir() and str(home) not in seen:
+            seen.add(str(home))
+            found.append(_cuda_candidate(home, source))
+    return tuple(found)
 
 
 def _nccl() -> tuple[str | None, str | None, str | None]:
@@ -145,7 +179,10 @@ def probe() -> BuildEnv:
     compiler, compiler_id, compiler_version = _compiler()
     cmake, cmake_version = _cmake()
     mpi_impl, mpi_version, mpicxx = _mpi()
-    cuda_home, cuda_version = _cuda()
+    torch_dir = _package_dir("torch")
+    torch_version = dist_version("torch")
+    torch_cuda = _torch_cuda(torch_dir) if torch_version else None
+    toolkit, passed_over = choose_toolkit(cuda_candidates(), torch_cuda)
     nccl_version, nccl_lib, nccl_include = _nccl()
 
     def tf_has(rel: str) -> bool:
@@ -156,7 +193,9 @@ def probe() -> BuildEnv:
         python_version=platform.python_version(),
         python_tag=f"cp{sys.version_info.major}{sys.version_info.minor}",
         platform=f"{sys.platform}-{platform.machine()}",
-        torch_version=dist_version("torch"),
+        torch_version=torch_version,
+        torch_include_dir=str(torch_dir / "include") if torch_version and torch_dir else None,
+        torch_cuda=torch_cuda,
         tensorflow_version=tf_version,
         tf_include_dir=str(tf_include) if tf_include else None,
         tf_has_highwayhash=tf_has("highwayhash/arch_specific.h"),
@@ -173,8 +212,10 @@ def probe() -> BuildEnv:
         mpi_implementation=mpi_impl,
         mpi_version=mpi_version,
         mpicxx=mpicxx,
-        cuda_home=cuda_home,
-        cuda_version=cuda_version,
+        cuda_home=toolkit.home if toolkit else None,
+        cuda_version=toolkit.version if toolkit else None,
+        cuda_source=toolkit.source if toolkit else None,
+        cuda_passed_over=tuple(passed_over),
         nccl_version=nccl_version,
         nccl_lib_dir=nccl_lib,
         nccl_include_dir=nccl_include,

@@ -17,6 +17,7 @@ from hvdkit.build.config import BuildConfig, BuildEnv
 from hvdkit.build.remedies import Remedy
 
 _OLD_STANDARDS = ("c++11", "c++14", "gnu++11", "gnu++14")
+_CXX17 = ("c++17", "gnu++17")
 GIB_PER_JOB = 3.0
 """TensorFlow's translation units peak near 2-3 GiB each in cc1plus."""
 
@@ -30,15 +31,32 @@ def compile_jobs(env: BuildEnv, cfg: BuildConfig, environ: dict[str, str]) -> in
     return max(1, min(env.cpu_count, int(env.memory_gib // GIB_PER_JOB)))
 
 
-def wrapper_script(real_compiler: str, cxx_std: str | None, force_includes: tuple[str, ...]) -> str:
-    """A POSIX sh compiler wrapper: rewrites old -std flags and force-includes headers."""
+def wrapper_script(
+    real_compiler: str,
+    cxx_std: str | None,
+    force_includes: tuple[str, ...],
+    torch_cxx_std: str | None = None,
+    torch_include_dir: str | None = None,
+) -> str:
+    """A POSIX sh compiler wrapper: rewrites old -std flags to ``cxx_std`` and, in a unit
+    whose arguments name ``torch_include_dir``, to ``torch_cxx_std`` (C++17 flags too);
+    force-includes headers."""
     lines = ["#!/bin/sh", "# Written by hvdkit build-horovod; see hvdkit/build/remedies.py.", ""]
     if cxx_std:
-        cases = "|".join(f"-std={s}" for s in _OLD_STANDARDS)
+        old = _OLD_STANDARDS
+        lines.append(f"std={cxx_std}")
+        if torch_cxx_std and torch_include_dir:
+            old += _CXX17
+            lines += [
+                "for arg; do",
+                f"  case \"$arg\" in *{shlex.quote(torch_include_dir)}*) std={torch_cxx_std} ;; esac",
+                "done",
+            ]
+        cases = "|".join(f"-std={s}" for s in old)
         lines += [
             "for arg; do",
             "  shift",
-            f'  case "$arg" in {cases}) set -- "$@" -std={cxx_std} ;;',
+            f'  case "$arg" in {cases}) set -- "$@" "-std=$std" ;;',
             '    *) set -- "$@" "$arg" ;;',
             "  esac",
             "done",
@@ -90,9 +108,12 @@ def make_recipe(
         build_env["HOROVOD_CMAKE"] = env.cmake
     recipe = Recipe(env=build_env)
     cxx_std = next((r.cxx_std for r in remedies if r.cxx_std), None)
+    torch_std = next((r.torch_cxx_std for r in remedies if r.torch_cxx_std), None)
     includes = tuple(h for r in remedies for h in r.force_includes)
     if (cxx_std or includes) and env.compiler:
-        recipe.files["bin/c++"] = wrapper_script(env.compiler, cxx_std, includes)
+        recipe.files["bin/c++"] = wrapper_script(
+            env.compiler, cxx_std, includes, torch_std, env.torch_include_dir
+        )
         recipe.executables += ("bin/c++",)
         build_env["CXX"] = "{workdir}/bin/c++"
     forwards = [pair for r in remedies for pair in r.forward_headers]
@@ -104,6 +125,9 @@ def make_recipe(
         )
     for remedy in remedies:
         build_env.update(remedy.env)
+    prepend = [p for r in remedies for p in r.path_prepend]
+    if prepend:
+        build_env["PATH"] = os.pathsep.join([*prepend, build_env["PATH"]])
     if cfg.gpu_operations == "NCCL" and env.nccl_lib_dir and env.nccl_include_dir:
         # The nvidia-nccl wheel ships only libnccl.so.2; the linker wants libnccl.so.
         recipe.symlinks["nccl/include"] = env.nccl_include_dir

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from hvdkit.build.config import BuildConfig, BuildEnv
+from hvdkit.build.versions import at_least, version_tuple
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,26 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "hvdkit builds through a compiler wrapper that turns -std=c++11/14 into -std=c++17",
     ),
     KnownFailure(
+        "cxx20",
+        r"C\+\+20 or later compatible compiler is required",
+        "ATen/ATen.h: #error C++20 or later compatible compiler is required to use ATen",
+        "PyTorch >= 2.14's headers need C++20 (concepts, operator<=>); Horovod asks for C++14",
+        "hvdkit's compiler wrapper gives -std=c++20 to the units that include PyTorch when "
+        "torch >= 2.14 (gcc or clang >= 10 needed); rebuild with this hvdkit",
+    ),
+    KnownFailure(
+        "torch-cuda",
+        r"Could NOT find CUDAToolkit",
+        "Could NOT find CUDAToolkit (missing: CUDAToolkit_INCLUDE_DIR CUDA_CUDART), from "
+        "horovod/torch/CMakeLists.txt (add_cuda)",
+        "torch is a CUDA build, so Horovod adds CUDA; torch found a CUDA home (an nvcc on PATH) "
+        "whose prefix has no headers or libcudart",
+        "hvdkit chooses a complete toolkit and gives it to torch and CMake (CUDA_HOME, "
+        "HOROVOD_CUDA_HOME); `hvdkit build-horovod --plan` shows which, or says what to install",
+    ),
+    KnownFailure(
         "build-isolation",
-        r"No module named '(packaging|torch|tensorflow)'",
+        r"ModuleNotFoundError: No module named '(packaging|torch|tensorflow)'",
         "No module named 'packaging' / torch not found during the build",
         "pip's build isolation hides the installed frameworks from Horovod's setup.py",
         "install the frameworks first, then build with pip --no-build-isolation "
@@ -106,20 +125,15 @@ class Remedy:
     reason: str
     env: dict[str, str] = field(default_factory=dict)
     cxx_std: str | None = None
+    torch_cxx_std: str | None = None  # for the units that include PyTorch's headers
+    path_prepend: tuple[str, ...] = ()
     force_includes: tuple[str, ...] = ()
     forward_headers: tuple[tuple[str, str], ...] = ()
     system_packages: tuple[str, ...] = ()
     pip_packages: tuple[str, ...] = ()
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``"2.13.0+cpu"`` -> ``(2, 13, 0)``: the leading numeric release components."""
-    match = re.match(r"\d+(\.\d+)*", version.strip())
-    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
-
-
-def _at_least(version: str | None, minimum: str) -> bool:
-    return version is not None and version_tuple(version) >= version_tuple(minimum)
+__all__ = ["KNOWN_FAILURES", "KnownFailure", "Remedy", "plan_remedies", "version_tuple"]
 
 
 def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
@@ -141,7 +155,7 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
                 pip_packages=("cmake",),
             )
         )
-    elif _at_least(env.cmake_version, "4"):
+    elif at_least(env.cmake_version, "4"):
         plan.append(
             Remedy(
                 "cmake-policy",
@@ -149,7 +163,17 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
                 env={"CMAKE_POLICY_VERSION_MINIMUM": "3.5"},
             )
         )
-    if "torch" in cfg.frameworks and _at_least(env.torch_version, "2.1"):
+    if "torch" in cfg.frameworks and at_least(env.torch_version, "2.14"):
+        plan.append(
+            Remedy(
+                "cxx20",
+                f"PyTorch {env.torch_version} >= 2.14's headers need C++20; Horovod asks for "
+                "C++14: units that include PyTorch get -std=c++20, the rest -std=c++17",
+                cxx_std="c++17",
+                torch_cxx_std="c++20",
+            )
+        )
+    elif "torch" in cfg.frameworks and at_least(env.torch_version, "2.1"):
         plan.append(
             Remedy(
                 "cxx17",
@@ -157,7 +181,9 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
                 cxx_std="c++17",
             )
         )
-    if env.compiler_id == "gcc" and _at_least(env.compiler_version, GPU_GCC):
+    if "torch" in cfg.frameworks and env.torch_cuda and env.cuda_home:
+        plan.append(_torch_cuda_remedy(env))
+    if env.compiler_id == "gcc" and at_least(env.compiler_version, GPU_GCC):
         plan.append(
             Remedy(
                 "gcc13-includes",
@@ -201,6 +227,18 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
     if cfg.gpu_operations == "NCCL":
         plan.append(_nccl_remedy(env, cfg))
     return plan
+
+
+def _torch_cuda_remedy(env: BuildEnv) -> Remedy:
+    home = env.cuda_home or ""
+    return Remedy(
+        "torch-cuda",
+        f"PyTorch {env.torch_version} is a CUDA {env.torch_cuda} build, so Horovod compiles "
+        f"CUDA support into its extension: with the toolkit hvdkit chose, {home} "
+        f"(CUDA {env.cuda_version}), given to both torch and CMake",
+        env={"CUDA_HOME": home, "HOROVOD_CUDA_HOME": home, "CUDAToolkit_ROOT": home},
+        path_prepend=(f"{home}/bin",),
+    )
 
 
 def _nccl_remedy(env: BuildEnv, cfg: BuildConfig) -> Remedy:

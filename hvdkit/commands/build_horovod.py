@@ -88,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a local horovod-X.tar.gz instead of downloading it",
     )
     parser.add_argument(
+        "--allow-untested",
+        action="store_true",
+        help="build even with a Python, PyTorch or TensorFlow outside the tested ranges",
+    )
+    parser.add_argument(
         "--plan",
         action="store_true",
         help="print what was found and which remedies apply, then stop",
@@ -96,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_horovod_command(args: argparse.Namespace) -> int:
-    from hvdkit.build.builder import BuildError, build_horovod, describe_plan
+    from hvdkit.build.builder import BuildError, build_horovod, describe_plan, plan_problems
     from hvdkit.build.cache import cache_key
     from hvdkit.build.probe import probe
     from hvdkit.build.remedies import plan_remedies
@@ -125,6 +130,7 @@ def build_horovod_command(args: argparse.Namespace) -> int:
             system_deps=args.system_deps,
             jobs=args.jobs,
             sdist=args.sdist,
+            allow_untested=args.allow_untested,
             **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
         )
     except ValueError as exc:
@@ -133,6 +139,12 @@ def build_horovod_command(args: argparse.Namespace) -> int:
     if args.plan:
         assert env is not None
         print(describe_plan(env, cfg, plan_remedies(env, cfg), cache_key(env, cfg)))
+        packages, problems = plan_problems(env, cfg)
+        if packages:
+            print(f"Will apt-get install: {' '.join(packages)}")
+        if problems:
+            print("\nerror: the build would fail:\n\n" + "\n\n".join(map(str, problems)))
+            return 1
         return 0
     try:
         result = build_horovod(cfg, force=args.force)

@@ -167,12 +167,40 @@ def _horovodrun() -> str | None:
     return str(local) if local.exists() else shutil.which("horovodrun")
 
 
-CONTROLLER_FIX = {
-    "gloo": "Gloo rendezvous on localhost failed: check that `localhost` resolves to 127.0.0.1 "
-    "and that no firewall blocks loopback ports; try hvdkit doctor --network-interface lo",
-    "mpi": "mpirun failed: check `mpirun -np 2 hostname` works; in containers set "
-    "OMPI_MCA_btl_vader_single_copy_mechanism=none; see the output above",
-}
+CAUSES: tuple[tuple[str, str], ...] = (
+    (
+        r"No module named '(torch|tensorflow|keras|numpy)",
+        "a worker cannot import a framework it needs: install it in this Python, or rebuild "
+        "Horovod for the frameworks you have (hvdkit build-horovod --force)",
+    ),
+    (
+        r"(Extension horovod\.\w+ has not been built|undefined symbol|cannot open shared object)",
+        "Horovod's extension does not load with the installed framework: " + REBUILD,
+    ),
+    (
+        r"(gloo|Gloo|rendezvous|Rendezvous).*?(refused|timed? ?out|failed|Connection)|"
+        r"gethostbyname|Name or service not known",
+        "Gloo rendezvous on localhost failed: check that `localhost` resolves to 127.0.0.1 and "
+        "that no firewall blocks loopback ports; try hvdkit doctor --network-interface lo",
+    ),
+    (
+        r"(ORTE|orted|mpirun (was unable|noticed|detected)|There are not enough slots|"
+        r"MPI_Init|PMIX|pmix)",
+        "mpirun failed: check `mpirun -np 2 hostname` works; in containers set "
+        "OMPI_MCA_btl_vader_single_copy_mechanism=none; see the output above",
+    ),
+)
+"""What a failed allreduce's output shows, and the fix for it: only a cause seen is named."""
+
+
+def diagnose(text: str) -> str:
+    """The fix for the first known cause in a failed run's output, else a pointer to it."""
+    for pattern, fix in CAUSES:
+        if re.search(pattern, text):
+            return fix
+    return "no known cause recognised; read the output in the line above"
+
+
 ATTEMPTS = 2
 """Horovod 0.28.1's start-up rarely loses a race on a loaded 2-core machine (STACK.md); a
 failure that recurs is real, one that does not is reported as passing on the second try."""
@@ -240,15 +268,18 @@ def allreduce_check(
             )
         tail = " | ".join(line.strip() for line in text.strip().splitlines()[-4:])
         failures.append(f"exit {code}, ranks ok: {sorted(oks)}; {tail[-600:]}")
-    return Check(FAIL, name, failures[-1], CONTROLLER_FIX[controller])
+    return Check(FAIL, name, failures[-1], diagnose(text))
 
 
 def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) -> Iterator[Check]:
     """One allreduce per framework and controller that Horovod was built with."""
-    for framework in FRAMEWORK_NAMES:
+    for framework, pretty in FRAMEWORK_NAMES.items():
+        if not matrix.frameworks.get(framework):
+            continue
+        if not framework_version(framework):
+            yield Check(SKIP, f"allreduce {pretty}", f"{pretty} is not installed")
+            continue
         for controller in CONTROLLERS:
-            if not matrix.frameworks.get(framework):
-                continue
             if not matrix.controllers.get(controller):
                 yield Check(
                     SKIP,
