@@ -222,4 +222,4 @@ def test_log_scan_skips_warnings_and_knows_the_cxx20_and_cuda_errors():
         assert found is not None and found.line_number == line, (key, found)
         assert found.known is not None and found.known.key == key
         text = summarize_failure(log.splitlines(), "/l.log")
-        assert "numpy" not in text and "Fix: " in text
+        assert f"(log line {line})" in text and "Fix: " in text
