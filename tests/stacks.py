@@ -53,5 +53,5 @@ CUDA_TORCH = dataclasses.replace(
     cuda_home="/usr/local/cuda",
     cuda_version="13.0",
     cuda_source="/usr/local/cuda",
-    cuda_passed_over=("/usr/local (nvcc on PATH): no a working bin/nvcc",),
+    cuda_passed_over=("/usr/local (nvcc on PATH): missing a working bin/nvcc",),
 )

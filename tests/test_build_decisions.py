@@ -230,8 +230,8 @@ def test_toolkit_choice_takes_the_first_complete_one_of_torchs_major():
     chosen, passed = choose_toolkit((shim, old, full), "13.0")
     assert chosen == full
     assert passed == [
-        "/usr/local (/usr/local): no a working bin/nvcc, no include/cuda_runtime.h, "
-        "no lib/libcudart",
+        "/usr/local (/usr/local): missing a working bin/nvcc, include/cuda_runtime.h, "
+        "lib/libcudart",
         "/opt/cuda-12 (/opt/cuda-12): CUDA 12.8, but torch is built for CUDA 13.0",
     ]
     assert choose_toolkit((shim, old), "13.0")[0] is None

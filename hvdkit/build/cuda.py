@@ -43,7 +43,7 @@ class CudaCandidate:
             if not ok
         ]
         if missing:
-            return f"no {', no '.join(missing)}"
+            return f"missing {', '.join(missing)}"
         if torch_cuda and version_tuple(self.version or "")[:1] != version_tuple(torch_cuda)[:1]:
             return f"CUDA {self.version}, but torch is built for CUDA {torch_cuda}"
         return None
