@@ -84,3 +84,45 @@ def test_keras_check_fails_when_its_backend_framework_is_missing(
     assert check.status == status, check.render()
     assert check.fix.startswith(fix)
     assert "backend " + (backend or "tensorflow") in check.detail
+
+
+@pytest.mark.parametrize(
+    ("output", "fix"),
+    [
+        ("ModuleNotFoundError: No module named 'torch'", "cannot import a framework"),
+        ("RuntimeError: Gloo rendezvous failed: Connection refused", "Gloo rendezvous"),
+        ("ORTE was unable to reliably start one or more daemons.", "mpirun failed"),
+        ("ImportError: Extension horovod.torch has not been built", "hvdkit build-horovod"),
+        ("Segmentation fault (core dumped)", "no known cause recognised"),
+    ],
+)
+def test_a_failed_allreduce_names_only_the_cause_seen(output, fix):
+    assert checks.diagnose(f"noise\n{output}\nmore noise").startswith(fix) or fix in (
+        checks.diagnose(output)
+    )
+    others = [f for _, f in checks.CAUSES if not f.startswith(fix) and fix not in f]
+    assert checks.diagnose(output) not in others
+
+
+def test_frameworks_not_installed_get_a_skip_not_an_allreduce(monkeypatch):
+    """A TensorFlow-only environment: the build matrix may say torch (an old build, or
+    Horovod's own check); doctor must not launch torch workers that cannot import torch."""
+    matrix = checks.BuildMatrix(
+        version="0.28.1",
+        frameworks={"torch": True, "tensorflow": True},
+        controllers={"gloo": True, "mpi": False},
+        ops={},
+    )
+    monkeypatch.setattr(
+        checks, "framework_version", lambda dist: "2.21.0" if dist == "tensorflow" else None
+    )
+    launched = []
+    monkeypatch.setattr(
+        checks, "allreduce_check", lambda fw, ctl, **_: launched.append((fw, ctl)) or None
+    )
+    found = [c for c in checks.allreduce_checks(matrix) if c is not None]
+    assert launched == [("tensorflow", "gloo")]
+    assert [c.render() for c in found] == [
+        "SKIP  allreduce PyTorch: PyTorch is not installed",
+        "SKIP  allreduce TensorFlow / mpi: Horovod was built without mpi",
+    ]
