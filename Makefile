@@ -21,7 +21,7 @@ BUILD_FLAGS ?= --frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_F
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint
 
-.PHONY: setup stack run test test-fast lint sweep doctor clean
+.PHONY: setup stack run test test-fast test-all matrix lint sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
@@ -36,12 +36,13 @@ $(STAMP): $(STACK) setup.cfg pyproject.toml
 # in a layer of its own, before hvdkit's code is copied in.
 stack:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
-	  echo "error: $(PYTHON) not found. hvdkit's stack is pinned for Python 3.11."; \
-	  echo "Fix: install Python 3.11 (apt-get install python3.11-venv, or pyenv install 3.11)"; \
+	  echo "error: $(PYTHON) not found. hvdkit's stack is tested on Python 3.11 to 3.13."; \
+	  echo "Fix: install one (apt-get install python3.11-venv, or pyenv install 3.12)"; \
 	  echo "     or point at one: make setup PYTHON=/path/to/python3.11"; exit 1; }
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
-	  echo "error: $(PYTHON) is not Python 3.11; the pinned wheels need 3.11."; \
-	  echo "Fix: make setup PYTHON=/path/to/python3.11"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || { \
+	  echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'),"; \
+	  echo "outside the 3.11 to 3.13 that hvdkit's stack is tested on."; \
+	  echo "Fix: make setup PYTHON=/path/to/python3.11 (or python3.12, python3.13)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	awk -v keep=",$(FRAMEWORKS)," '!/# framework: / || index(keep, "," $$NF ",")' \
 	  $(STACK) > $(VENV)/stack.txt
@@ -55,6 +56,18 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# What CI leaves out for time (README, "Tests and CI"): the whole compatibility matrix and
+# the tests marked `extra`, after everything CI runs.
+test-all: setup
+	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory matrix
+
+# The compatibility matrix (tests/matrix.py): fresh venvs per cell, as a user installs;
+# MATRIX_ARGS="--cells py312-tf221" picks cells, "--list" lists them.
+MATRIX_ARGS ?=
+matrix: setup
+	$(BIN)/python tests/matrix.py $(MATRIX_ARGS)
 
 # ruff (style, imports, bugs) and mypy (types) over the package; settings in pyproject.toml.
 lint: setup $(LINT_STAMP)

@@ -178,6 +178,11 @@ CAUSES: tuple[tuple[str, str], ...] = (
         "Horovod's extension does not load with the installed framework: " + REBUILD,
     ),
     (
+        r"No interface is found for address|[Nn]etwork interface|NICs?\b",
+        "Horovod could not use the network interface: give one that exists and carries "
+        "localhost (hvdkit doctor --network-interface lo), or leave the option out",
+    ),
+    (
         r"(gloo|Gloo|rendezvous|Rendezvous).*?(refused|timed? ?out|failed|Connection)|"
         r"gethostbyname|Name or service not known",
         "Gloo rendezvous on localhost failed: check that `localhost` resolves to 127.0.0.1 and "

@@ -1,0 +1,60 @@
+"""The compatibility matrix (tests/matrix.py): its pure parts, and in CI one cell beyond the
+project's pins, run for real: torch 2.14.1 (a CUDA 13 build, no GPU here) in a fresh venv, hvdkit
+from its wheel, Horovod built for it (C++20, CUDA compiled in), doctor, and 2-rank runs whose
+ranks end equal. ``make matrix`` runs every cell."""
+
+from __future__ import annotations
+
+import pytest
+from matrix import CELLS, Row, Runner, build_wheel, check_result, find_python, render
+
+
+def test_cells_cover_what_users_install():
+    names = {c.name for c in CELLS}
+    assert {"py311-pins", "py312-torch215", "py312-torch2141", "py312-tf221"} <= names
+    assert {c.python for c in CELLS} == {"3.11", "3.12", "3.13"}
+    newest = next(c for c in CELLS if c.name == "py313-torch-keras")
+    assert newest.keras_backend == "torch" and newest.lift_cap
+
+
+def test_check_result_wants_equal_ranks_and_a_real_step():
+    step = ("torch_worker.py", "one_step")
+    good = {r: {"rank": r, "diff": 1e-8, "moved": 0.1} for r in (0, 1)}
+    assert check_result(step, good) is None
+    assert "diff" in check_result(step, {**good, 1: {"diff": 1e-3, "moved": 0.1}})
+    assert "moved" in check_result(step, {**good, 0: {"diff": 0.0, "moved": 0.0}})
+    assert "ranks [0]" in check_result(step, {0: good[0]})
+    train = ("torch_worker.py", "train")
+    assert check_result(train, {0: {"params": "ab"}, 1: {"params": "ab"}}) is None
+    assert "different weights" in check_result(train, {0: {"params": "a"}, 1: {"params": "b"}})
+    fit = ("keras_worker.py", "fit")
+    assert "different" in check_result(fit, {0: {"weights": "a"}, 1: {"weights": "b"}})
+
+
+def test_render_is_one_row_per_cell():
+    rows = [Row("a", "Python 3.12.1, torch 2.15.0", 180, "compiled, 700 s", "12 PASS, 0 FAIL")]
+    table = render(rows).splitlines()
+    assert len(table) == 3 and table[2].startswith("| a | Python 3.12.1, torch 2.15.0 | 180 s |")
+
+
+def test_find_python():
+    assert find_python("3.11") is not None
+    assert find_python("2.1") is None
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(2400)
+def test_torch_214_cell_builds_and_trains_with_equal_ranks(tmp_path):
+    cell = next(c for c in CELLS if c.name == "py311-torch2141")
+    lines: list[str] = []
+    runner = Runner(tmp_path, build_wheel(tmp_path / "dist"), True, lines.append)
+    row = runner.run(cell)
+    print("\n".join(lines) + "\n" + render([row]))
+    log = tmp_path / f"{cell.name}.log"
+    assert row.ok, f"{row.error}\n(full log {log})"
+    text = log.read_text()
+    # The decisions issue 24 is about, as the build made them.
+    assert "cxx20:" in text and "torch-cuda:" in text
+    assert "SKIP  TensorFlow: not installed" in text
+    assert row.example.startswith("2/2 equal ranks")
