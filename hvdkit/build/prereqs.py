@@ -128,7 +128,7 @@ def _compiler_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
             f"PyTorch {env.torch_version}'s headers need C++20, and {env.compiler_id} "
             f"{env.compiler_version} ({env.compiler}) predates it ({env.compiler_id} >= "
             f"{minimum} needed).",
-            f"install a newer compiler (e.g. apt-get install -y g++-12) and point CXX at it, or "
+            "install a newer compiler (e.g. apt-get install -y g++-12) and point CXX at it, or "
             "use PyTorch <= 2.13, which needs only C++17.",
         )
     ]
@@ -150,8 +150,10 @@ def _untested_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
         version = {"torch": env.torch_version, "tensorflow": env.tensorflow_version}[name]
         low, high = KNOWN_RANGES[name]
         if version and not in_range(version, low, high):
-            side = "older than Horovod 0.28.1 supports" if not at_least(version, low) else (
-                "newer than any release hvdkit's build remedies are known for"
+            side = (
+                "older than Horovod 0.28.1 supports"
+                if not at_least(version, low)
+                else ("newer than any release hvdkit's build remedies are known for")
             )
             problems.append(
                 Problem(

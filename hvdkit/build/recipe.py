@@ -43,13 +43,14 @@ def wrapper_script(
     force-includes headers."""
     lines = ["#!/bin/sh", "# Written by hvdkit build-horovod; see hvdkit/build/remedies.py.", ""]
     if cxx_std:
-        old = _OLD_STANDARDS
+        old: tuple[str, ...] = _OLD_STANDARDS
         lines.append(f"std={cxx_std}")
         if torch_cxx_std and torch_include_dir:
             old += _CXX17
+            pattern = f"*{shlex.quote(torch_include_dir)}*"
             lines += [
                 "for arg; do",
-                f"  case \"$arg\" in *{shlex.quote(torch_include_dir)}*) std={torch_cxx_std} ;; esac",
+                f'  case "$arg" in {pattern}) std={torch_cxx_std} ;; esac',
                 "done",
             ]
         cases = "|".join(f"-std={s}" for s in old)
