@@ -197,8 +197,10 @@ def test_cxx_standard_follows_torch():
 
 def test_cuda_torch_gets_the_chosen_toolkit_for_torch_and_cmake():
     remedies = plan_remedies(CUDA_TORCH, TORCH_ONLY)
-    assert [r.key for r in remedies] == ["build-isolation", "cmake-policy", "cxx20", "torch-cuda"]
-    cuda = remedies[-1]
+    assert [r.key for r in remedies] == [
+        "build-isolation", "cmake-policy", "cxx20", "torch-cuda", "nvcc-cxx17"
+    ]  # fmt: skip
+    cuda = remedies[-2]
     assert cuda.env == {
         "CUDA_HOME": "/usr/local/cuda",
         "HOROVOD_CUDA_HOME": "/usr/local/cuda",
@@ -206,6 +208,9 @@ def test_cuda_torch_gets_the_chosen_toolkit_for_torch_and_cmake():
     }
     assert cuda.path_prepend == ("/usr/local/cuda/bin",)
     assert find_problems(CUDA_TORCH, TORCH_ONLY, []) == []
+    # CUDA 12's nvcc still compiles Horovod's C++11 kernels.
+    cuda12 = dataclasses.replace(CUDA_TORCH, torch_cuda="12.8", cuda_version="12.8")
+    assert "nvcc-cxx17" not in keys(cuda12, TORCH_ONLY) and "torch-cuda" in keys(cuda12, TORCH_ONLY)
     # A CPU torch, or a build without torch, gets no CUDA.
     assert "torch-cuda" not in keys(dataclasses.replace(CUDA_TORCH, torch_cuda=None), TORCH_ONLY)
 

@@ -184,11 +184,15 @@ def test_recipe_for_a_cuda_torch_puts_the_toolkit_first_on_path(tmp_path):
     built = make_recipe(
         CUDA_TORCH, cfg, plan_remedies(CUDA_TORCH, cfg), {"PATH": "/usr/local/bin:/usr/bin"}
     ).materialize(tmp_path)
-    assert built["PATH"].split(":")[0] == "/usr/local/cuda/bin"
+    assert built["PATH"].split(":")[:2] == [f"{tmp_path}/cuda/bin", "/usr/local/cuda/bin"]
     assert built["PATH"].endswith("/usr/local/bin:/usr/bin")
-    assert built["CUDA_HOME"] == built["HOROVOD_CUDA_HOME"] == "/usr/local/cuda"
+    assert built["CUDA_HOME"] == built["CUDAToolkit_ROOT"] == "/usr/local/cuda"
     script = (tmp_path / "bin/c++").read_text()
     assert "std=c++20" in script and CUDA_TORCH.torch_include_dir in script
+    # CUDA 13: CMake's CUDA compiler is the nvcc wrapper, which runs the chosen toolkit's nvcc.
+    assert built["HOROVOD_CUDA_HOME"] == f"{tmp_path}/cuda"
+    nvcc = (tmp_path / "cuda/bin/nvcc").read_text()
+    assert "exec /usr/local/cuda/bin/nvcc" in nvcc and "std=c++17" in nvcc
 
 
 # The two errors a torch 2.15 CUDA build hit (issue 24), each after torch's NumPy warning,

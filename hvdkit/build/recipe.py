@@ -127,6 +127,14 @@ def make_recipe(
     for remedy in remedies:
         build_env.update(remedy.env)
     prepend = [p for r in remedies for p in r.path_prepend]
+    nvcc_std = next((r.nvcc_std for r in remedies if r.nvcc_std), None)
+    if nvcc_std and env.cuda_home:
+        # CMake takes $HOROVOD_CUDA_HOME/bin/nvcc as the CUDA compiler; the real nvcc still
+        # reports its own toolkit root, so headers and libraries come from the real toolkit.
+        recipe.files["cuda/bin/nvcc"] = wrapper_script(f"{env.cuda_home}/bin/nvcc", nvcc_std, ())
+        recipe.executables += ("cuda/bin/nvcc",)
+        build_env["HOROVOD_CUDA_HOME"] = "{workdir}/cuda"
+        prepend.insert(0, "{workdir}/cuda/bin")
     if prepend:
         build_env["PATH"] = os.pathsep.join([*prepend, build_env["PATH"]])
     if cfg.gpu_operations == "NCCL" and env.nccl_lib_dir and env.nccl_include_dir:

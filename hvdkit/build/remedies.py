@@ -63,6 +63,16 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "HOROVOD_CUDA_HOME); `hvdkit build-horovod --plan` shows which, or says what to install",
     ),
     KnownFailure(
+        "nvcc-cxx17",
+        r"error: a constexpr function must contain exactly one return statement",
+        "error: a constexpr function must contain exactly one return statement (bits/utility.h, "
+        "compiling cuda_kernels.cu)",
+        "Horovod compiles its CUDA kernels as C++11 (CMAKE_CUDA_STANDARD 11); CUDA 13's nvcc "
+        "and today's libstdc++ need C++17",
+        "hvdkit gives CMake an nvcc wrapper that turns -std=c++11/14 into -std=c++17 for "
+        "CUDA >= 13",
+    ),
+    KnownFailure(
         "build-isolation",
         r"ModuleNotFoundError: No module named '(packaging|torch|tensorflow)'",
         "No module named 'packaging' / torch not found during the build",
@@ -126,6 +136,7 @@ class Remedy:
     env: dict[str, str] = field(default_factory=dict)
     cxx_std: str | None = None
     torch_cxx_std: str | None = None  # for the units that include PyTorch's headers
+    nvcc_std: str | None = None  # for nvcc's own -std (the CUDA kernels)
     path_prepend: tuple[str, ...] = ()
     force_includes: tuple[str, ...] = ()
     forward_headers: tuple[tuple[str, str], ...] = ()
@@ -226,6 +237,16 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
         )
     if cfg.gpu_operations == "NCCL":
         plan.append(_nccl_remedy(env, cfg))
+    uses_nvcc = any(r.key in ("torch-cuda", "nccl") for r in plan)
+    if uses_nvcc and at_least(env.cuda_version, "13"):
+        plan.append(
+            Remedy(
+                "nvcc-cxx17",
+                f"CUDA {env.cuda_version}'s nvcc no longer compiles C++11, which Horovod asks for "
+                "its CUDA kernels: an nvcc wrapper turns -std=c++11/14 into -std=c++17",
+                nvcc_std="c++17",
+            )
+        )
     return plan
 
 
