@@ -92,6 +92,14 @@ CELLS: tuple[Cell, ...] = (
         keras_backend="tensorflow",
     ),
     Cell(
+        "py312-tf222",
+        "3.12",
+        ("tensorflow-cpu==2.22.0",),
+        KERAS_CHECKS,
+        "the newest tensorflow-cpu (2.22.0) + its Keras 3, no torch",
+        keras_backend="tensorflow",
+    ),
+    Cell(
         "py313-torch-keras",
         "3.13",
         ("torch", "keras"),

@@ -209,6 +209,22 @@ def test_make_setup_without_python311_names_the_fix(tmp_path):
     assert not (tmp_path / "v").exists()
 
 
+def test_make_setup_refuses_a_python_outside_the_tested_range(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from matrix import find_python
+
+    old = find_python("3.10")
+    if old is None:
+        pytest.skip("no Python 3.10 here to be refused")
+    out = subprocess.run(
+        ["make", "setup", f"PYTHON={old}", f"VENV={tmp_path / 'v'}"], cwd=ROOT,
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "outside the 3.11 to 3.13" in out.stdout and "python3.12" in out.stdout, out.stdout
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.parametrize(
     ("frameworks", "kept", "left_out"),
     [
