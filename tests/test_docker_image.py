@@ -63,8 +63,12 @@ def torch_image(engine_base) -> Engine:
 def test_image_passes_doctor_and_trains_keras_mnist_as_non_root(image):
     who = image.run(TAG, flags=("--entrypoint", "id"))
     assert who.returncode == 0 and "uid=1000(hvdkit)" in who.stdout, who.stderr
-    doctor = image.run(TAG, "doctor", flags=("--network", "host"), timeout=300)
+    # The image's gate already ran the whole doctor, allreduces included, as uid 1000 during
+    # this build (the build fails otherwise); here the installed versions and build matrix are
+    # checked again as the image runs, without repeating the four allreduce launches.
+    doctor = image.run(TAG, "doctor", "--no-allreduce", flags=("--network", "host"), timeout=300)
     assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    assert "PASS  Horovod build: Horovod 0.28.1" in doctor.stdout, doctor.stdout
     out = image.run(
         TAG, "run", "-np", "2", "--hostfile", "hostfiles/localhost", "--", "python",
         "examples/keras_mnist.py", "--epochs", "10",
@@ -171,6 +175,7 @@ def test_two_containers_train_as_two_hosts_over_ssh(image, tmp_path):
           f"{weights[0]['params'][:16]} on both")  # fmt: skip
 
 
+@pytest.mark.extra  # a second image build with its own Horovod compile: ~9 min cold
 def test_pytorch_only_image_is_smaller_and_trains_like_one_process(image, torch_image):
     """``--build-arg FRAMEWORKS=torch --build-arg KERAS_BACKEND=torch``: no TensorFlow, Horovod
     built for PyTorch only, Keras on its torch backend; what a PyTorch-only user pulls."""
