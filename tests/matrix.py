@@ -140,15 +140,19 @@ def render(rows: list[Row]) -> str:
 
 
 def find_python(version: str) -> str | None:
-    """``pythonX.Y`` on PATH, else pyenv's newest X.Y."""
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
+    """``pythonX.Y`` on PATH, else pyenv's newest X.Y; one that runs (a pyenv shim on PATH
+    may exist and refuse to run a version that is not selected)."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    for candidate in sorted(root.glob(f"{version}.*"), reverse=True):
-        exe = candidate / "bin" / f"python{version}"
-        if exe.exists():
-            return str(exe)
+    candidates = [shutil.which(f"python{version}")] + [
+        str(d / "bin" / f"python{version}") for d in sorted(root.glob(f"{version}.*"), reverse=True)
+    ]
+    for exe in filter(None, candidates):
+        try:
+            ok = subprocess.run([exe, "--version"], capture_output=True, timeout=30).returncode
+        except OSError:
+            continue
+        if ok == 0:
+            return exe
     return None
 
 
