@@ -70,6 +70,19 @@ def test_bad_flag_gives_clear_error():
     assert "Traceback" not in out.stderr
 
 
+def test_plan_stops_with_the_fix_when_the_build_would_fail():
+    """What stops a build is said by --plan, before any compile: here a NCCL build on a machine
+    with no NCCL wheel and no GPU to take the CUDA arch list from."""
+    out = subprocess.run(
+        [str(BIN / "hvdkit"), "build-horovod", "--plan", "--gpu-operations", "NCCL"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "error: the build would fail" in out.stdout
+    assert "pip install nvidia-nccl-cu13" in out.stdout and "--cuda-arch 80,90" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
 def test_readme_troubleshooting_covers_every_known_failure():
     readme = (ROOT / "README.md").read_text()
     for failure in KNOWN_FAILURES:
