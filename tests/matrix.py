@@ -207,6 +207,7 @@ class Runner:
             raise RuntimeError(f"no python{cell.python} (install it, e.g. pyenv install)")
         venv = self.workdir / cell.name
         shutil.rmtree(venv, ignore_errors=True)
+        (self.workdir / f"{cell.name}.log").unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
         env.update(cell.env, PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
         env["TF_CPP_MIN_LOG_LEVEL"] = "3"
