@@ -43,6 +43,10 @@ stack:
 	  echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'),"; \
 	  echo "outside the 3.11 to 3.13 that hvdkit's stack is tested on."; \
 	  echo "Fix: make setup PYTHON=/path/to/python3.11 (or python3.12, python3.13)"; exit 1; }
+	@! test -x $(BIN)/python || [ "$$($(BIN)/python -c 'import sys; print(sys.version_info[:2])')" = \
+	  "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ] || { \
+	  echo "error: $(VENV) was made with another Python than $(PYTHON)."; \
+	  echo "Fix: make clean first, or give this one a venv of its own: make setup PYTHON=$(PYTHON) VENV=.venv-other"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	awk -v keep=",$(FRAMEWORKS)," '!/# framework: / || index(keep, "," $$NF ",")' \
 	  $(STACK) > $(VENV)/stack.txt

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import results  # noqa: E402
 
+from hvdkit.build.versions import version_tuple  # noqa: E402
+
 # One step on 2 ranks against one process on the global batch, and training to equal weights:
 # the checks tests/test_*_adapter.py make on the project's own stack.
 TORCH_CHECKS = (("torch_worker.py", "one_step"), ("torch_worker.py", "train", "--epochs", "2"))
@@ -143,8 +145,10 @@ def find_python(version: str) -> str | None:
     """``pythonX.Y`` on PATH, else pyenv's newest X.Y; one that runs (a pyenv shim on PATH
     may exist and refuse to run a version that is not selected)."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    installed = [d for d in root.glob(f"{version}.*") if d.name.replace(".", "").isdigit()]
+    installed.sort(key=lambda d: version_tuple(d.name), reverse=True)  # 3.11.10 after 3.11.9
     candidates = [shutil.which(f"python{version}")] + [
-        str(d / "bin" / f"python{version}") for d in sorted(root.glob(f"{version}.*"), reverse=True)
+        str(d / "bin" / f"python{version}") for d in installed
     ]
     for exe in filter(None, candidates):
         try:

@@ -11,7 +11,7 @@ from stacks import CUDA_TORCH, OLD, TODAY
 from hvdkit.build.cache import cache_key
 from hvdkit.build.config import BuildConfig, BuildEnv
 from hvdkit.build.prereqs import find_problems, missing_system_packages
-from hvdkit.build.cuda import CudaCandidate, choose_toolkit, wheel_install_line
+from hvdkit.build.cuda import CudaCandidate, choose_toolkit, toolkit_fix
 from hvdkit.build.remedies import Remedy, plan_remedies, version_tuple
 
 CFG = BuildConfig(cache_dir=Path("/cache"))
@@ -241,7 +241,7 @@ def test_toolkit_choice_takes_the_first_complete_one_of_torchs_major():
     ]
     assert choose_toolkit((shim, old), "13.0")[0] is None
     assert choose_toolkit((old,), None)[0] == old  # a CPU torch: any complete toolkit (NCCL)
-    assert wheel_install_line("12.8") == "pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-runtime-cu12"
+    assert toolkit_fix("12.8").startswith("install the CUDA 12 toolkit")
 
 
 def test_cache_key_has_the_cuda_part_for_a_cuda_torch():

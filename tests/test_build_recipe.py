@@ -174,8 +174,8 @@ def test_wrapper_gives_cxx20_only_to_units_that_include_torch(tmp_path):
     assert run(*torch_unit) == ["-isystem", include, "-std=c++20", "-std=c++20", "-c",
                                 "torch/ops.cc"]  # fmt: skip
     assert run(f"-I{include}/api", "-std=c++14") == [f"-I{include}/api", "-std=c++20"]
-    assert run("-I/tf/include", "-std=c++14", "-std=c++17") == [
-        "-I/tf/include", "-std=c++17", "-std=c++17"
+    assert run("-I/tf/include", "-std=c++14", "-std=gnu++17") == [
+        "-I/tf/include", "-std=c++17", "-std=gnu++17"
     ]  # fmt: skip
 
 

@@ -66,9 +66,14 @@ def choose_toolkit(
     return None, passed_over
 
 
-def wheel_install_line(torch_cuda: str | None) -> str:
-    """The pip line that makes the installed nvidia wheels a toolkit for ``torch_cuda``."""
+def toolkit_fix(torch_cuda: str | None) -> str:
+    """What makes a usable toolkit for ``torch_cuda``. CUDA >= 13's nvidia wheels share one
+    prefix (``nvidia/cu13``), so pip can complete it; CUDA 12's wheels each have their own
+    folder, which is no toolkit: those users need a full one as $CUDA_HOME."""
     major = (version_tuple(torch_cuda or "13") or (13,))[0]
     if major >= 13:
-        return f"pip install 'nvidia-cuda-nvcc=={major}.*' 'nvidia-cuda-runtime=={major}.*'"
-    return f"pip install nvidia-cuda-nvcc-cu{major} nvidia-cuda-runtime-cu{major}"
+        return (
+            f"pip install 'nvidia-cuda-nvcc=={major}.*' 'nvidia-cuda-runtime=={major}.*' into "
+            "this environment (no GPU needed), or set CUDA_HOME to a full toolkit"
+        )
+    return f"install the CUDA {major} toolkit (NVIDIA's installer or package) and set CUDA_HOME"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvdkit.build.config import FRAMEWORK_NAMES, BuildConfig, BuildEnv
-from hvdkit.build.cuda import wheel_install_line
+from hvdkit.build.cuda import toolkit_fix
 from hvdkit.build.remedies import Remedy
 from hvdkit.build.versions import (
     CXX20_COMPILERS,
@@ -111,8 +111,7 @@ def _no_toolkit_problem(env: BuildEnv) -> Problem:
         f"PyTorch {env.torch_version} is a CUDA {env.torch_cuda} build, so Horovod compiles CUDA "
         "support into its PyTorch extension, and that needs a CUDA toolkit (nvcc, "
         f"cuda_runtime.h, libcudart) of CUDA {env.torch_cuda}. None was usable: {looked}.",
-        f"{wheel_install_line(env.torch_cuda)} into this environment (no GPU needed), or set "
-        "CUDA_HOME to a full toolkit; or install a CPU build of PyTorch.",
+        f"{toolkit_fix(env.torch_cuda)}; or install a CPU build of PyTorch.",
     )
 
 

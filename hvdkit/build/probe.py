@@ -135,6 +135,8 @@ def cuda_candidates() -> tuple[CudaCandidate, ...]:
     nvcc = shutil.which("nvcc")
     if nvcc:
         places.append((Path(nvcc).parent.parent, "nvcc on PATH"))
+        # A link (update-alternatives, conda) names the toolkit it points into.
+        places.append((Path(nvcc).resolve().parent.parent, "nvcc on PATH, resolved"))
     seen: set[str] = set()
     found = []
     for home, source in places:

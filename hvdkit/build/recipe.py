@@ -43,21 +43,27 @@ def wrapper_script(
     force-includes headers."""
     lines = ["#!/bin/sh", "# Written by hvdkit build-horovod; see hvdkit/build/remedies.py.", ""]
     if cxx_std:
-        old: tuple[str, ...] = _OLD_STANDARDS
         lines.append(f"std={cxx_std}")
+        # A C++17 flag is rewritten only in a unit that includes torch (then to C++20).
+        cxx17_rule: list[str] = []
         if torch_cxx_std and torch_include_dir:
-            old += _CXX17
             pattern = f"*{shlex.quote(torch_include_dir)}*"
             lines += [
                 "for arg; do",
                 f'  case "$arg" in {pattern}) std={torch_cxx_std} ;; esac',
                 "done",
             ]
-        cases = "|".join(f"-std={s}" for s in old)
+            cxx17 = "|".join(f"-std={s}" for s in _CXX17)
+            cxx17_rule = [
+                f'    {cxx17}) if [ "$std" = {torch_cxx_std} ]; then set -- "$@" "-std=$std";'
+                ' else set -- "$@" "$arg"; fi ;;'
+            ]
+        cases = "|".join(f"-std={s}" for s in _OLD_STANDARDS)
         lines += [
             "for arg; do",
             "  shift",
             f'  case "$arg" in {cases}) set -- "$@" "-std=$std" ;;',
+            *cxx17_rule,
             '    *) set -- "$@" "$arg" ;;',
             "  esac",
             "done",

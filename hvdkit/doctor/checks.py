@@ -169,7 +169,7 @@ def _horovodrun() -> str | None:
 
 CAUSES: tuple[tuple[str, str], ...] = (
     (
-        r"No module named '(torch|tensorflow|keras|numpy)",
+        r"(ModuleNotFoundError|ImportError): No module named '(torch|tensorflow|keras|numpy)",
         "a worker cannot import a framework it needs: install it in this Python, or rebuild "
         "Horovod for the frameworks you have (hvdkit build-horovod --force)",
     ),
