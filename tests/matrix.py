@@ -53,6 +53,7 @@ class Cell:
     # pip's cap on this machine (/etc/xdg/pip) holds torch at 2.14.1; newer is a user's default.
     lift_cap: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    build_args: tuple[str, ...] = ()
 
 
 CELLS: tuple[Cell, ...] = (
@@ -232,7 +233,8 @@ class Runner:
         self.say(f"[{cell.name}] installed in {row.install_s:.0f} s: {row.versions}")
 
         start = time.monotonic()
-        build = [str(bin_ / "hvdkit"), "build-horovod"] + ([] if self.use_cache else ["--no-cache"])
+        build = [str(bin_ / "hvdkit"), "build-horovod", *cell.build_args]
+        build += [] if self.use_cache else ["--no-cache"]
         out = self._run(cell, build, env, 3600)
         took = time.monotonic() - start
         if out.returncode != 0:
