@@ -95,15 +95,6 @@ CELLS: tuple[Cell, ...] = (
         keras_backend="tensorflow",
     ),
     Cell(
-        "py312-tf222",
-        "3.12",
-        ("tensorflow-cpu==2.22.0",),
-        KERAS_CHECKS,
-        "the newest tensorflow-cpu (2.22.0) + its Keras 3, no torch; past the known range",
-        keras_backend="tensorflow",
-        build_args=("--allow-untested",),
-    ),
-    Cell(
         "py313-torch-keras",
         "3.13",
         ("torch", "keras"),
