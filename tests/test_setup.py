@@ -249,11 +249,13 @@ def test_make_setup_refuses_a_python_outside_the_tested_range(tmp_path):
 def test_make_stack_installs_the_pins_of_the_frameworks_asked_for(
     tmp_path, frameworks, kept, left_out
 ):
-    # A stand-in venv python records what pip is asked to install.
+    # A stand-in venv python records what pip is asked to install (and answers the Makefile's
+    # question of which Python made the venv as the real one would).
     venv = tmp_path / "v"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
-    python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    python.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec python3.11 "$@"\n'
+                      f'echo "$@" >> {tmp_path / "calls"}\n')  # fmt: skip
     python.chmod(0o755)
     extra = [f"FRAMEWORKS={frameworks}"] if frameworks else []
     out = subprocess.run(
