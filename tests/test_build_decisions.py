@@ -12,7 +12,8 @@ from hvdkit.build.cache import cache_key
 from hvdkit.build.config import BuildConfig, BuildEnv
 from hvdkit.build.prereqs import find_problems, missing_system_packages
 from hvdkit.build.cuda import CudaCandidate, choose_toolkit, toolkit_fix
-from hvdkit.build.remedies import Remedy, plan_remedies, version_tuple
+from hvdkit.build.remedies import Remedy, plan_remedies
+from hvdkit.build.versions import version_tuple
 
 CFG = BuildConfig(cache_dir=Path("/cache"))
 

@@ -131,7 +131,9 @@ class BuildEnv:
     has_apt: bool = False
     python_headers: bool = True
 
+    def framework_version(self, name: str) -> str | None:
+        """The installed version of framework ``name`` (``torch``, ``tensorflow``)."""
+        return {"torch": self.torch_version, "tensorflow": self.tensorflow_version}[name]
+
     def has_framework(self, name: str) -> bool:
-        return {"torch": self.torch_version, "tensorflow": self.tensorflow_version}[
-            name
-        ] is not None
+        return self.framework_version(name) is not None

@@ -48,9 +48,6 @@ class CudaCandidate:
             return f"CUDA {self.version}, but torch is built for CUDA {torch_cuda}"
         return None
 
-    def describe(self) -> str:
-        return f"{self.home} ({self.source}, CUDA {self.version or '?'})"
-
 
 def choose_toolkit(
     candidates: tuple[CudaCandidate, ...], torch_cuda: str | None = None

@@ -118,9 +118,8 @@ def _no_toolkit_problem(env: BuildEnv) -> Problem:
 def _compiler_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
     minimum = CXX20_COMPILERS.get(env.compiler_id or "")
     needs_cxx20 = "torch" in cfg.frameworks and at_least(env.torch_version, "2.14")
-    if not (needs_cxx20 and minimum and env.compiler_version) or at_least(
-        env.compiler_version, minimum
-    ):
+    too_old = minimum is not None and not at_least(env.compiler_version, minimum)
+    if not needs_cxx20 or env.compiler_version is None or not too_old:
         return []
     return [
         Problem(
@@ -146,13 +145,13 @@ def _untested_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
             )
         )
     for name in cfg.frameworks:
-        version = {"torch": env.torch_version, "tensorflow": env.tensorflow_version}[name]
+        version = env.framework_version(name)
         low, high = KNOWN_RANGES[name]
         if version and not in_range(version, low, high):
             side = (
                 "older than Horovod 0.28.1 supports"
                 if not at_least(version, low)
-                else ("newer than any release hvdkit's build remedies are known for")
+                else "newer than any release hvdkit's build remedies are known for"
             )
             problems.append(
                 Problem(

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from hvdkit.build.config import BuildConfig, BuildEnv
-from hvdkit.build.versions import at_least, version_tuple
+from hvdkit.build.versions import at_least
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,6 @@ class Remedy:
     forward_headers: tuple[tuple[str, str], ...] = ()
     system_packages: tuple[str, ...] = ()
     pip_packages: tuple[str, ...] = ()
-
-
-__all__ = ["KNOWN_FAILURES", "KnownFailure", "Remedy", "plan_remedies", "version_tuple"]
 
 
 def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:

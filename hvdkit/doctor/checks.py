@@ -288,7 +288,7 @@ def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) 
             if not matrix.controllers.get(controller):
                 yield Check(
                     SKIP,
-                    f"allreduce {FRAMEWORK_NAMES[framework]} / {controller}",
+                    f"allreduce {pretty} / {controller}",
                     f"Horovod was built without {controller}",
                 )
                 continue
