@@ -1,5 +1,6 @@
 """Horovod 0.28.1's public API against hvdkit's: every public name of the installed Horovod's
-``horovod.torch``, ``horovod.tensorflow.keras`` and its ``callbacks`` must exist in hvdkit's
+``horovod.torch``, ``horovod.tensorflow`` (and its ``elastic``), ``horovod.tensorflow.keras``
+and its ``callbacks`` must exist in hvdkit's
 twin and accept the same arguments (Horovod's positional order, every keyword), unless the
 allow-list below says why not. A script that only switches its import must not meet a
 ``TypeError`` or an ``AttributeError`` Horovod would not raise."""
@@ -18,6 +19,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # (Horovod's module, hvdkit's, whether positional order is checked too)
 PAIRS = [
     ("horovod.torch", "hvdkit.torch", True),
+    ("horovod.tensorflow", "hvdkit.tensorflow", True),
+    ("horovod.tensorflow.elastic", "hvdkit.tensorflow.elastic", True),
     ("horovod.tensorflow.keras", "hvdkit.keras", True),
     ("horovod.tensorflow.keras.callbacks", "hvdkit.keras.callbacks", True),
     # Horovod's module for standalone Keras 2 (under Keras 3, `import keras` is that package).

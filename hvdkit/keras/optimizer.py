@@ -48,6 +48,7 @@ The classes are cached per (class, options), so each is built once.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,22 +84,30 @@ _CLASSES: dict[tuple[type, Options], type] = {}
 
 
 def refuse_xla() -> None:
-    """Stop with the fix when the step is being compiled with XLA (TensorFlow backend): Horovod's
-    ops have no XLA kernels, and Keras turns XLA on by itself on a GPU."""
+    """Stop with the fix when the step is being compiled with XLA (TensorFlow backend):
+    Horovod's ops have no XLA kernels, and Keras turns XLA on by itself on a GPU."""
     if backend.current().in_xla_context():
         raise ValueError(
             "the training step is compiled with XLA (jit_compile), but Horovod's TensorFlow ops "
             "have no XLA kernels. Fix: model.compile(..., jit_compile=False), or add "
             "hvdkit.keras.callbacks.BroadcastGlobalVariablesCallback(0) to fit()'s callbacks "
-            "(it turns XLA off), or use hvdkit.keras.setup()."
+            "(it turns XLA off), or use hvdkit.keras.setup(); in a custom loop, "
+            "tf.function(..., jit_compile=False)."
         )
 
 
 def _reduce(self: Any, grads: list[Any], variables: list[Any]) -> list[Any]:
-    """``grads`` (paired with ``variables``) reduced over the ranks, but for the registered
-    local variables' (scaled by 1 / size when ``scale_local_gradients``)."""
-    options: Options = self._hvdkit_options
     local: set[int] = getattr(self, "_hvdkit_local_vars", set())
+    return reduce_gradients(self._hvdkit_options, grads, variables, local)
+
+
+def reduce_gradients(
+    options: Options, grads: list[Any], variables: list[Any], local: AbstractSet[int] = frozenset()
+) -> list[Any]:
+    """``grads`` (paired with ``variables``) reduced over the ranks as ``options`` say, but for
+    those of the variables whose ``id`` is in ``local`` (scaled by 1 / size when
+    ``scale_local_gradients``). The one reduction behind this optimizer and
+    ``hvdkit.tensorflow.DistributedGradientTape``."""
     shared = [i for i in range(len(grads)) if i >= len(variables) or id(variables[i]) not in local]
     shared_vars = [variables[i] if i < len(variables) else None for i in shared]
     reduced = backend.allreduce_list(
@@ -281,7 +290,8 @@ def distributed_class(base: type, options: Options) -> type:
     return _CLASSES[key]
 
 
-def _op_name(op: Any, hvd: Any) -> ReduceOp:
+def op_name(op: Any, hvd: Any) -> ReduceOp:
+    """Horovod's reduction op as hvdkit's name for it (gradients: Average, Sum or Adasum)."""
     if op is None or op == hvd.Average:
         return "average"
     if op == hvd.Sum:
@@ -329,7 +339,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
     hvd = backend.horovod()
-    if gradient_predivide_factor != 1.0 and _op_name(op, hvd) != "average":
+    if gradient_predivide_factor != 1.0 and op_name(op, hvd) != "average":
         raise ValueError("gradient_predivide_factor is only supported with op=Average")
     if backward_passes_per_step > 1:
         if optimizer.built and not optimizer.gradient_accumulation_steps:
@@ -346,7 +356,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
             )
         optimizer.gradient_accumulation_steps = backward_passes_per_step
     options = Options(
-        op=_op_name(op, hvd),
+        op=op_name(op, hvd),
         fp16=compression is not None and compression == hvd.Compression.fp16,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
@@ -355,7 +365,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         scale_local_gradients=scale_local_gradients,
         name=name or "hvdkit.grads",
         process_set=process_set,
-        groups=_checked_groups(num_groups, groups),
+        groups=checked_groups(num_groups, groups),
         device_dense=device_dense,
         device_sparse=device_sparse,
     )
@@ -363,12 +373,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     return optimizer
 
 
-def _checked_groups(num_groups: int, groups: Any) -> int | tuple[tuple[int, ...], ...] | None:
+def checked_groups(
+    num_groups: int, groups: Any, who: str = "DistributedOptimizer"
+) -> int | tuple[tuple[int, ...], ...] | None:
     """Horovod's rules: ``num_groups`` is the deprecated name of ``groups=N``; ``groups`` is
     a positive number or a list of lists of variables."""
     if num_groups != 0:
         warnings.warn(
-            "DistributedOptimizer: num_groups is deprecated (as in Horovod): use groups",
+            f"{who}: num_groups is deprecated (as in Horovod): use groups",
             DeprecationWarning,
             stacklevel=3,
         )
