@@ -14,7 +14,10 @@ TEST_ALL = "HVDKIT_TEST_ALL"
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``extra`` run only under ``make test-all``: CI has a time budget."""
+    """The image tests go last: CI builds the image in the background meanwhile
+    (``tests/containers.py``), so they find it built. Tests marked ``extra`` run only under
+    ``make test-all``: CI has a time budget."""
+    items.sort(key=lambda item: item.path.name == "test_docker_image.py")  # stable
     if os.environ.get(TEST_ALL) == "1":
         return
     import pytest

@@ -10,11 +10,16 @@ hvdkit's Horovod wheel cache mounted, so a matching wheel is installed, not comp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +72,9 @@ def find_engine() -> Engine | str:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
             return f"needs Docker, or podman: apt-get install -y {' '.join(missing)} as root"
         out = subprocess.run(
-            ["apt-get", "install", "-y", "-q", *missing], capture_output=True, text=True,
+            # Lock timeout: the background image build (.ci/run) may be installing too.
+            ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *missing],
+            capture_output=True, text=True,
             env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
         )  # fmt: skip
         if out.returncode != 0:
@@ -83,9 +90,27 @@ def find_engine() -> Engine | str:
     )
 
 
+LOCK = Path(tempfile.gettempdir()) / "hvdkit-image-build.lock"
+
+
+@contextlib.contextmanager
+def building() -> Iterator[None]:
+    """Held while a base or an image is built. CI starts the image build ahead of the tests
+    (``prebuild``); the image test then waits for it and finds every layer cached, rather than
+    building the same layers beside it."""
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the test's own timeout bounds the wait
+        yield
+
+
 def base_image(engine: Engine) -> tuple[str, str]:
     """The Dockerfile's default base when it can be pulled, else a Debian-made one (built
     once by ``docker/debian-python-base``); and which it is."""
+    with building():
+        return _base_image(engine)
+
+
+def _base_image(engine: Engine) -> tuple[str, str]:
     if engine("pull", DEFAULT_BASE, timeout=120, check=False).returncode == 0:
         return DEFAULT_BASE, "pulled"
     if engine("image", "inspect", DEBIAN_BASE, check=False).returncode == 0:
@@ -152,10 +177,28 @@ def build(
             "--build-arg", "HVDKIT_CACHE_DIR=/hvdkit-cache", "-v", f"{cache}:/hvdkit-cache",
             *[x for m in mounts for x in ("-v", m)], str(ROOT)]  # fmt: skip
     started = time.monotonic()
-    engine(*argv, timeout=2400)
+    with building():
+        engine(*argv, timeout=2400)
     return time.monotonic() - started, argv
 
 
 def image_size(engine: Engine, tag: str = TAG) -> int:
     out = engine("image", "inspect", tag, "--format", "{{.Size}}")
     return int(out.stdout.strip())
+
+
+def prebuild() -> int:
+    """``python tests/containers.py``: build the base and the CPU image now, as the image
+    test will (``.ci/run`` runs this in the background while the other tests run)."""
+    engine = find_engine()
+    if isinstance(engine, str):
+        print(f"prebuild: nothing built: {engine}")
+        return 0
+    base, how = base_image(engine)
+    seconds, _ = build(engine, base)
+    print(f"prebuild: {TAG} built from {base} ({how}) in {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(prebuild())

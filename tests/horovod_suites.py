@@ -1,4 +1,5 @@
-"""Horovod's own parallel test suites through hvdkit: the yardstick of issue 13.
+"""Horovod's own parallel test suites and TensorFlow 2 examples through hvdkit: the yardstick
+of issues 13 and 25.
 
 Reads the suites from a Horovod source tree at tag v0.28.1 (a git checkout; nothing of it is
 kept in this repository), switches the import to hvdkit, applies only the edits Keras 3 itself
@@ -9,6 +10,8 @@ counts. Needs ``mock`` and ``parameterized`` (Horovod's test dependencies).
     python tests/horovod_suites.py --horovod-src ~/src/horovod [--raw]
 
 ``--raw`` runs the same files against Horovod itself (only the Keras 3 edits), to compare.
+``--examples`` runs Horovod's three TensorFlow 2 examples instead (``EXAMPLES``), each on Gloo
+and MPI, and says whether the ranks ended with identical weights.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ TAG = "v0.28.1"
 # suite file -> [(Horovod's import line, hvdkit's)]: the only edit to hvd calls.
 SUITES = {
     "test_torch.py": [("import horovod.torch as hvd\n", "import hvdkit.torch as hvd\n")],
+    "test_tensorflow.py": [
+        ("import horovod.tensorflow as hvd\n", "import hvdkit.tensorflow as hvd\n"),
+    ],
     "test_tensorflow2_keras.py": [
         ("import horovod.tensorflow.keras as hvd\n", "import hvdkit.keras as hvd\n"),
         ("import horovod.keras as hvd_keras\n", "import hvdkit.keras as hvd_keras\n"),
@@ -34,6 +40,9 @@ SUITES = {
         ("import horovod.tensorflow.keras as hvd\n", "import hvdkit.keras as hvd\n"),
     ],
 }
+
+# Files a suite imports, copied as they are.
+HELPERS = {"test_tensorflow.py": ["base_test_tensorflow.py"]}
 
 # The edits Keras 3 forces on any script (not on hvd calls): (old, new, the error without it).
 KERAS3_EDITS = [
@@ -55,7 +64,48 @@ KERAS3_EDITS = [
     (",\n                    experimental_aggregate_gradients=False)", ")",
      "apply_gradients() got an unexpected keyword argument"),
     ("var.ref()", "id(var)", "'Variable' object has no attribute 'ref'"),
+    ("tf.keras.layers.BatchNormalization(axis=1, fused=False)",
+     "tf.keras.layers.BatchNormalization(axis=1)",
+     "BatchNormalization: unrecognized keyword arguments: ['fused']"),
 ]  # fmt: skip
+
+# Horovod's TensorFlow 2 examples: path -> (arguments, edits). The edits are only those forced
+# on any user here: local data (no download), Keras 3 (optimizer.variables is a list, lr is
+# learning_rate), and fewer steps.
+LOCAL_MNIST = (
+    "(lambda d: ((d.x_train, d.y_train), (d.x_test, d.y_test)))("
+    "__import__('hvdkit.data', fromlist=['load_images']).load_images('mnist'))"
+)
+EXAMPLES = {
+    "examples/tensorflow2/tensorflow2_mnist.py": ([], [
+        ("tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())", LOCAL_MNIST),
+        ("opt.variables()", "opt.variables"),
+        ("dataset.take(10000 // hvd.size())", "dataset.take(200 // hvd.size())"),
+    ]),
+    "examples/tensorflow2/tensorflow2_synthetic_benchmark.py": ([
+        "--model", "MobileNetV2", "--batch-size", "8", "--num-warmup-batches", "1",
+        "--num-batches-per-iter", "2", "--num-iters", "2", "--no-cuda",
+    ], [("opt.variables()", "opt.variables")]),
+    "examples/elastic/tensorflow2/tensorflow2_mnist_elastic.py": ([], [
+        ("tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())", LOCAL_MNIST),
+        ("opt.lr.assign", "opt.learning_rate.assign"),
+    ]),
+}  # fmt: skip
+
+# Put before each example: at exit, each rank prints a digest of every Keras model's trainable
+# weights (BatchNormalization's moving statistics follow each rank's data, as in Horovod).
+DIGEST_AT_EXIT = """\
+import atexit as _atexit, gc as _gc, hashlib as _hashlib, os as _os
+def _hvdkit_digest():
+    import keras
+    weights = sorted(
+        _hashlib.sha256(b"".join(v.numpy().tobytes() for v in m.trainable_variables)).hexdigest()[:16]
+        for m in _gc.get_objects() if isinstance(m, keras.Model)
+    )
+    rank = _os.environ.get("HOROVOD_RANK", _os.environ.get("OMPI_COMM_WORLD_RANK"))
+    print(f"DIGEST {rank} {'/'.join(weights)}", flush=True)
+_atexit.register(_hvdkit_digest)
+"""
 
 
 def source(repo: Path, path: str) -> str:
@@ -70,10 +120,38 @@ def port(text: str, name: str, raw: bool) -> str:
         if old not in text:
             raise SystemExit(f"{name}: {old.strip()!r} not found: is this Horovod {TAG}?")
         text = text.replace(old, new)
-    if "keras" in name:
+    if "keras" in name or "tensorflow" in name:
         for before, after, _why in KERAS3_EDITS:
             text = text.replace(before, after)
     return text
+
+
+def run_examples(args: argparse.Namespace, horovodrun: str, root: Path) -> int:
+    failed = 0
+    old, new = "import horovod.tensorflow as hvd\n", "import hvdkit.tensorflow as hvd\n"
+    for path, (example_args, edits) in EXAMPLES.items():
+        text = source(args.horovod_src, path)
+        for before, after in edits + ([] if args.raw else [(old, new)]):
+            if before not in text:
+                raise SystemExit(f"{path}: {before.strip()!r} not found: is this Horovod {TAG}?")
+            text = text.replace(before, after)
+        script = root / Path(path).name
+        script.write_text(DIGEST_AT_EXIT + text)
+        for controller in ("gloo", "mpi"):
+            env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+            out = subprocess.run(
+                [horovodrun, "-np", "2", "-H", "localhost:2", f"--{controller}", sys.executable,
+                 str(script), *example_args],
+                cwd=root, env=env, capture_output=True, text=True, timeout=1800,
+            )  # fmt: skip
+            digests = dict(re.findall(r"DIGEST (\d) ([0-9a-f/]+)", out.stdout))
+            identical = len(digests) == 2 and len(set(digests.values())) == 1
+            errors = re.findall(r"^\[\d\]<stderr>:(\w+Error: .*)$", out.stderr + out.stdout, re.M)
+            verdict = "ranks identical" if identical else f"ranks differ or missing: {digests}"
+            print(f"{Path(path).name} ({controller}): exit {out.returncode}, {verdict}"
+                  + (f"; {errors[-1][:200]}" if errors else ""))  # fmt: skip
+            failed += out.returncode != 0 or not identical
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,17 +159,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horovod-src", type=Path, required=True, help="a Horovod git checkout")
     parser.add_argument("--raw", action="store_true", help="run against Horovod, not hvdkit")
     parser.add_argument("--only", nargs="*", default=list(SUITES), choices=list(SUITES))
+    parser.add_argument("--examples", action="store_true", help="the TF2 examples instead")
     args = parser.parse_args(argv)
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="horovod-suites-") as tmp:
         root = Path(tmp)
+        if args.examples:
+            return run_examples(args, horovodrun, root)
         (root / "utils").mkdir()
         (root / "parallel").mkdir()
         (root / "utils" / "common.py").write_text(source(args.horovod_src, "test/utils/common.py"))
         for name in args.only:
             text = port(source(args.horovod_src, f"test/parallel/{name}"), name, args.raw)
             (root / "parallel" / name).write_text(text)
+            for helper in HELPERS.get(name, []):
+                (root / "parallel" / helper).write_text(
+                    source(args.horovod_src, f"test/parallel/{helper}")
+                )
             env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
             out = subprocess.run(
                 [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",

@@ -39,7 +39,8 @@ def ensure_tools() -> str | None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         return f"needs {' '.join(missing)} (apt-get install -y {' '.join(missing)} as root)"
     out = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600",
+         "--no-install-recommends", *missing],
         capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
     )  # fmt: skip
     if out.returncode != 0 or missing_tools():

@@ -46,12 +46,14 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
         assert set(m["efficiency"]["2"]) == {"plain", "hvdkit", "horovod", "ddp"}
         assert 0 < m["bound"]["2"] < 1 and 0 < m["bound_same_run"]["2"] < 1
     assert summary["training"]["cnn"]["threads_effect"]["2"] > 0  # measured on the first model
-    for backend in ("tensorflow", "torch"):
+    for backend in ("tensorflow", "torch", "tensorflow custom loop"):
         assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
-    # 2 models x 3, 2 backends, 1 bandwidth; and the adapter against the plain loop on a GPU
-    assert len(summary["targets"]) == 9 + doc["config"]["gpu"]
+    # 2 models x 3, 2 backends and the TF custom loop, 1 bandwidth; and the adapter against the
+    # plain loop on a GPU
+    assert len(summary["targets"]) == 10 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
+                    "Keras custom loop, DistributedGradientTape, backend tensorflow",
                     "Input pipeline", "Targets"):  # fmt: skip
         assert heading in out.stdout
     for png in ("allreduce_busbw.png", "throughput_vs_ranks.png"):

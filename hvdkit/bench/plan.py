@@ -140,8 +140,13 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
         batch, steps, rounds = (32, 6, 3) if config.quick else (64, 15, 12)
         args = ("--backend", backend, "--batch-size", str(batch), "--steps", str(steps),
                 "--rounds", str(rounds))  # fmt: skip
+        # On TensorFlow also the custom loop: DistributedGradientTape against the same loop
+        # with the allreduce written out (hvdkit.tensorflow).
+        loops = ("fit", "custom") if backend == "tensorflow" else ("fit",)
         for np in config.nps:
-            jobs.append(Job("keras", f"keras {backend} np={np}", "hvdkit.bench.keras_fit", args,
-                            np, main_controller, {**threads, envvars.KERAS_BACKEND: backend},
-                            key={"backend": backend}))  # fmt: skip
+            for loop in loops:
+                label = f"keras {backend} np={np}" if loop == "fit" else f"tf custom loop np={np}"
+                jobs.append(Job("keras", label, "hvdkit.bench.keras_fit", (*args, "--loop", loop),
+                                np, main_controller, {**threads, envvars.KERAS_BACKEND: backend},
+                                key={"backend": backend, "loop": loop}))  # fmt: skip
     return jobs

@@ -139,7 +139,8 @@ def _keras(records: list[dict]) -> dict:
     out: dict = {}
     for r in records:
         res = r["result"]
-        backend = out.setdefault(r["backend"], {"samples_per_s": {}, "hvdkit_vs_by_hand": {}})
+        name = r["backend"] if r.get("loop", "fit") == "fit" else f"{r['backend']} custom loop"
+        backend = out.setdefault(name, {"samples_per_s": {}, "hvdkit_vs_by_hand": {}})
         n = str(res["ranks"])
         backend["samples_per_s"][n] = {k: statistics.median(v)
                                        for k, v in res["samples_per_s"].items()}  # fmt: skip
@@ -194,7 +195,8 @@ def targets(summary: dict) -> list[dict]:
     for backend, k in summary.get("keras", {}).items():
         for n, ratio in k["hvdkit_vs_by_hand"].items():
             if n != "1":
-                add(f"hvdkit.keras / by hand, {backend} np={n}", "keras_vs_by_hand", ratio)
+                what = "hvdkit.tensorflow tape" if "custom loop" in backend else "hvdkit.keras"
+                add(f"{what} / by hand, {backend} np={n}", "keras_vs_by_hand", ratio)
     large = summary.get("allreduce", {}).get("large_message")
     if large:
         add(f"peak busbw / peak loopback TCP, messages >= {metrics.human_bytes(LARGE)} "
@@ -298,7 +300,8 @@ def table(summary: dict) -> str:
             )
     for backend, k in summary.get("keras", {}).items():
         lines.append("")
-        lines.append(f"Keras fit(), backend {backend}: samples/s per rank")
+        loop = "custom loop, DistributedGradientTape" if "custom loop" in backend else "fit()"
+        lines.append(f"Keras {loop}, backend {backend.split()[0]}: samples/s per rank")
         for n, rates in k["samples_per_s"].items():
             eff = k["efficiency"].get(n)
             lines.append(f"  np={n}: hvdkit {rates['hvdkit']:.1f}, by hand {rates['by hand']:.1f},"

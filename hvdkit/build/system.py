@@ -28,7 +28,17 @@ def apt_install(packages: list[str], log: Callable[[str], None] = print) -> None
     log(f"Installing Debian packages: {' '.join(missing)}")
     for argv in (
         ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        # Waits for another apt (unattended upgrades, a second build) rather than failing.
+        [
+            "apt-get",
+            "install",
+            "-y",
+            "-q",
+            "-o",
+            "DPkg::Lock::Timeout=600",
+            "--no-install-recommends",
+            *missing,
+        ],
     ):
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
         if out.returncode != 0:
