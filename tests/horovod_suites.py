@@ -147,7 +147,10 @@ def run_examples(args: argparse.Namespace, horovodrun: str, root: Path) -> int:
             digests = dict(re.findall(r"DIGEST (\d) ([0-9a-f/]+)", out.stdout))
             identical = len(digests) == 2 and len(set(digests.values())) == 1
             errors = re.findall(r"^\[\d\]<stderr>:(\w+Error: .*)$", out.stderr + out.stdout, re.M)
-            verdict = "ranks identical" if identical else f"ranks differ or missing: {digests}"
+            if out.returncode != 0:
+                verdict = "failed"
+            else:
+                verdict = "ranks identical" if identical else f"ranks differ: {digests}"
             print(f"{Path(path).name} ({controller}): exit {out.returncode}, {verdict}"
                   + (f"; {errors[-1][:200]}" if errors else ""))  # fmt: skip
             failed += out.returncode != 0 or not identical
@@ -160,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", action="store_true", help="run against Horovod, not hvdkit")
     parser.add_argument("--only", nargs="*", default=list(SUITES), choices=list(SUITES))
     parser.add_argument("--examples", action="store_true", help="the TF2 examples instead")
+    parser.add_argument("--log", type=Path, help="keep each suite's whole output here")
     args = parser.parse_args(argv)
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     failed = 0
@@ -184,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=root / "parallel", env=env, capture_output=True, text=True, timeout=1800,
             )  # fmt: skip
             counts = re.findall(r"^\[0\]<stdout>:(=* ?\d+ (?:passed|failed).*?)=*$", out.stdout, re.M)
-            failures = re.findall(r"^\[0\]<stdout>:FAILED (\S+)", out.stdout, re.M)
+            failures = sorted(set(re.findall(r"^\[\d\]<stdout>:(?:FAILED|SUBFAIL) (\S+)",
+                                             out.stdout, re.M)))  # fmt: skip
+            if args.log:
+                args.log.mkdir(parents=True, exist_ok=True)
+                (args.log / f"{name}.log").write_text(out.stdout + out.stderr)
             print(f"{name}: {counts[-1] if counts else 'no summary (exit ' + str(out.returncode) + ')'}")
             for test in failures:
                 print(f"  FAILED {test}")

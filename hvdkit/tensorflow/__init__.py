@@ -162,6 +162,16 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     )  # fmt: skip
 
 
+def __getattr__(name: str) -> Any:
+    # Anything else of Horovod's module (its submodules, private helpers that scripts and
+    # Horovod's tests reach for, e.g. hvd.util._executing_eagerly) is Horovod's own.
+    import horovod.tensorflow as horovod_tf
+
+    if hasattr(horovod_tf, name):
+        return getattr(horovod_tf, name)
+    raise AttributeError(f"module 'hvdkit.tensorflow' has no attribute {name!r}")
+
+
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "LocalGradientAggregationHelper", "Max", "Min", "PartialDistributedGradientTape",
