@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=list(SUITES), choices=list(SUITES))
     parser.add_argument("--examples", action="store_true", help="the TF2 examples instead")
     parser.add_argument("--log", type=Path, help="keep each suite's whole output here")
+    parser.add_argument("-k", dest="select", default=None, help="pytest's -k, to rerun a few")
     args = parser.parse_args(argv)
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     failed = 0
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
             out = subprocess.run(
                 [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-                 "pytest", "-q", "-p", "no:cacheprovider", name],
+                 "pytest", "-q", "-p", "no:cacheprovider", name,
+                 *(["-k", args.select] if args.select else [])],
                 cwd=root / "parallel", env=env, capture_output=True, text=True, timeout=1800,
             )  # fmt: skip
             counts = re.findall(r"^\[0\]<stdout>:(=* ?\d+ (?:passed|failed).*?)=*$", out.stdout, re.M)

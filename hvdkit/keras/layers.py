@@ -16,7 +16,15 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     of the global batch: N ranks with B rows each normalise, and update the moving mean and
     variance, exactly as one process with the N * B rows would. One allreduce of each rank's
     per-channel sums, sums of squares and row count per call, differentiable on both backends
-    (gradients flow to every rank's rows). Inference uses the moving statistics, as usual."""
+    (gradients flow to every rank's rows). Inference uses the moving statistics, as usual.
+
+    ``fused=False`` (Horovod's only accepted value, which Keras 3 no longer takes) is accepted
+    and dropped; ``fused=True`` is refused, as Horovod does."""
+
+    def __init__(self, *args: Any, fused: bool | None = False, **kwargs: Any) -> None:
+        if fused in (True, None):
+            raise ValueError("SyncBatchNormalization does not support fused=True.")
+        super().__init__(*args, **kwargs)
 
     def _moments(self, inputs: Any, mask: Any) -> Any:
         hvd = backend.horovod()

@@ -127,7 +127,11 @@ def reduce_gradients(
         grads[i] = grad
     if local and options.scale_local_gradients:
         size = _set_size(options.process_set)
-        grads = [g / size if g is not None and i not in shared else g for i, g in enumerate(grads)]
+        scale = backend.current().scale
+        grads = [
+            scale(g, 1.0 / size) if g is not None and i not in shared else g
+            for i, g in enumerate(grads)
+        ]
     return grads
 
 

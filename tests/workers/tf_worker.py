@@ -196,11 +196,13 @@ def sparse(checks: dict) -> None:
     embed.build((None,))
     ids = [np.array([1, 2, 2]), np.array([2, 7, 9])]
 
-    def grads(rank, distributed=False, **options):
+    def grads(rank, distributed=False, local=False, **options):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(embed(ids[rank]))
         if distributed:
             tape = hvd.DistributedGradientTape(tape, **options)
+            if local:
+                tape.register_local_source(embed.embeddings)
         return tape.gradient(loss, embed.trainable_variables)[0]
 
     mean = np.mean([tf.convert_to_tensor(grads(r)).numpy() for r in range(2)], axis=0)
@@ -211,6 +213,12 @@ def sparse(checks: dict) -> None:
     )
     checks["sparse_as_dense"] = not isinstance(as_dense, tf.IndexedSlices) and np.allclose(
         as_dense.numpy(), mean
+    )
+    # A local sparse source (Horovod's model-parallel test): this rank's own, over the size.
+    own = tf.convert_to_tensor(grads(hvd.rank())).numpy()
+    local = grads(hvd.rank(), distributed=True, local=True)
+    checks["sparse_local_source_scaled"] = isinstance(local, tf.IndexedSlices) and np.allclose(
+        tf.convert_to_tensor(local).numpy(), own / hvd.size()
     )
 
 
@@ -276,7 +284,12 @@ def collectives(checks: dict) -> None:
 
 def sync_batch_norm(checks: dict) -> None:
     keras.utils.set_random_seed(0)
-    layer = hvd.SyncBatchNormalization()
+    layer = hvd.SyncBatchNormalization(fused=False)  # Horovod's only value, still accepted
+    try:
+        hvd.SyncBatchNormalization(fused=True)
+        checks["sync_batch_norm_refuses_fused"] = False
+    except ValueError:
+        checks["sync_batch_norm_refuses_fused"] = True
     plain = keras.layers.BatchNormalization()
     x_local = batch(hvd.rank(), 0)[0]
     x_global = global_batch(0)[0]

@@ -49,6 +49,10 @@ class KerasBackend(abc.ABC):
     def is_sparse(self, tensor: Any) -> bool:
         """Whether ``tensor`` is a sparse gradient (reduced by allgather)."""
 
+    def scale(self, tensor: Any, factor: float) -> Any:
+        """``tensor`` times ``factor`` (a sparse gradient stays sparse)."""
+        return tensor * factor
+
     def tape_gradients(
         self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None
     ) -> tuple[list[Any], list[Any]]:

@@ -85,6 +85,11 @@ class TensorFlowBackend(KerasBackend):
 
         return [tf.convert_to_tensor(t) if self.is_sparse(t) else t for t in tensors]
 
+    def scale(self, tensor: Any, factor: float) -> Any:
+        if self.is_sparse(tensor):
+            return type(tensor)(tensor.values * factor, tensor.indices, tensor.dense_shape)
+        return tensor * factor
+
     def is_sparse(self, tensor: Any) -> bool:
         return type(tensor).__name__ == "IndexedSlices"
 
