@@ -17,6 +17,7 @@ import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hvdkit import envvars
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return step
 
     variants: dict[str, Any]
+    timed: Callable[[Any], float]
     if args.loop == "custom":
         variants = {"hvdkit": loop_step(True), "by hand": loop_step(False)}
         timed = timed_loop

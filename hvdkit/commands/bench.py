@@ -1,6 +1,7 @@
 """``hvdkit bench``: allreduce bandwidth against the loopback limit, training throughput and
-weak scaling of hvdkit against Horovod by hand and torch DDP, Keras ``fit()`` throughput and
-the input pipeline, all measured side by side in one run. Prints a table; ``--json`` and
+weak scaling of hvdkit against Horovod by hand and torch DDP, Keras ``fit()`` and TensorFlow
+custom-loop throughput against the allreduce written by hand, and the input pipeline, all
+measured side by side in one run. Prints a table; ``--json`` and
 ``--plots`` keep the numbers and draw them."""
 
 from __future__ import annotations
