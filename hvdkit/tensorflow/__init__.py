@@ -154,8 +154,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         )  # fmt: skip
     return keras_optimizer.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
-        compression=compression, sparse_as_dense=sparse_as_dense, gradient_predivide_factor=(
-            gradient_predivide_factor), op=op, backward_passes_per_step=backward_passes_per_step,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
         groups=groups, process_set=None if process_set is global_process_set else process_set,
         scale_local_gradients=scale_local_gradients,

@@ -52,7 +52,7 @@ class _Distributed:
             target, sources, output_gradients, unconnected_gradients=unconnected_gradients
         )
         flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        flat_grads = tf.nest.flatten(grads)
         reduced = reduce_gradients(
             self._hvdkit_options, flat_grads, flat_sources, self._hvdkit_local
         )
