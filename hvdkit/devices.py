@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 
 from hvdkit.core import Topology
+from hvdkit.gpus import shared_gpu_problem
 
 
 def cores_per_process(processes: int) -> int:
@@ -20,16 +21,14 @@ def threads_per_rank(topology: Topology) -> int:
     return cores_per_process(topology.local_size)
 
 
-def require_gpu_per_rank(topology: Topology, visible_gpus: int) -> None:
-    """Raise when this host runs more processes than it has GPUs: NCCL refuses two ranks on
-    one GPU, and sharing one would be slow anyway."""
-    if topology.local_rank >= visible_gpus:
-        raise RuntimeError(
-            f"rank {topology.rank}: this host runs {topology.local_size} processes but only "
-            f"{visible_gpus} GPU(s) are visible; one GPU per process is required. Fix: start at "
-            f"most {visible_gpus} processes per host (slots in the hostfile / -np), or check "
-            "CUDA_VISIBLE_DEVICES."
-        )
+def gpu_for(topology: Topology, visible_gpus: int, nccl: bool) -> int:
+    """This process's GPU: ``local_rank``, one GPU each. With more processes than GPUs the
+    ranks share them round-robin, unless Horovod reduces with NCCL, which refuses two ranks
+    on one GPU: then the error that says so (:func:`hvdkit.gpus.shared_gpu_problem`)."""
+    problem = shared_gpu_problem(topology.local_size, visible_gpus, nccl)
+    if problem:
+        raise RuntimeError(f"rank {topology.rank}: {problem}")
+    return topology.local_rank % visible_gpus
 
 
 def pin(
@@ -37,13 +36,13 @@ def pin(
     gpus: int,
     use_gpu: Callable[[int], None],
     set_cpu_threads: Callable[[int], None],
+    nccl: bool = True,
 ) -> bool:
     """Step 2 for any framework: with ``gpus`` visible, take GPU ``local_rank`` (one per
-    process, or the error that says so); without, compute with this process's share of the
-    cores. Returns whether a GPU was taken."""
+    process; shared when there are fewer and Horovod has no NCCL, ``nccl``); without, compute
+    with this process's share of the cores. Returns whether a GPU was taken."""
     if gpus:
-        require_gpu_per_rank(topology, gpus)
-        use_gpu(topology.local_rank)
+        use_gpu(gpu_for(topology, gpus, nccl))
         return True
     set_cpu_threads(threads_per_rank(topology))
     return False

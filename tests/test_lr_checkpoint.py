@@ -117,13 +117,15 @@ def test_print0_only_on_rank_zero(monkeypatch, capsys):
     assert capsys.readouterr().out == "from rank 0\n"
 
 
-def test_more_ranks_than_gpus_is_a_clear_error():
+def test_more_ranks_than_gpus_share_them_except_under_nccl():
     from hvdkit.core import Topology
-    from hvdkit.devices import require_gpu_per_rank
+    from hvdkit.devices import gpu_for
 
-    require_gpu_per_rank(Topology(rank=5, size=8, local_rank=1, local_size=2, cross_rank=2), 2)
-    with pytest.raises(RuntimeError, match="runs 4 processes but only 2 GPU"):
-        require_gpu_per_rank(Topology(rank=2, size=4, local_rank=2, local_size=4, cross_rank=0), 2)
+    assert gpu_for(Topology(rank=5, size=8, local_rank=1, local_size=2, cross_rank=2), 2, True) == 1
+    four = Topology(rank=3, size=4, local_rank=3, local_size=4, cross_rank=0)
+    assert gpu_for(four, 2, nccl=False) == 1  # Gloo/MPI: two ranks per GPU
+    with pytest.raises(RuntimeError, match="rank 3: 4 processes on this host but 2 GPU"):
+        gpu_for(four, 2, nccl=True)
 
 
 def test_atomic_path_keeps_suffix_and_cleans_up(tmp_path):

@@ -27,6 +27,11 @@ class BuildRecord:
         """The controllers (``gloo``, ``mpi``) Horovod was built with."""
         return list(self.inputs.get("controllers", []))
 
+    @property
+    def nccl(self) -> bool:
+        """Whether Horovod was built to reduce GPU tensors with NCCL."""
+        return self.inputs.get("gpu_operations") == "NCCL"
+
 
 def read(path: Path = PATH) -> BuildRecord | None:
     """The record, or None when there is none (Horovod installed some other way) or it is
@@ -36,6 +41,12 @@ def read(path: Path = PATH) -> BuildRecord | None:
         return BuildRecord(str(data["key"]), str(data.get("wheel", "")), dict(data["inputs"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def nccl_built(path: Path = PATH) -> bool:
+    """Whether the installed Horovod (as recorded) reduces GPU tensors with NCCL."""
+    built = read(path)
+    return built is not None and built.nccl
 
 
 def write(record: BuildRecord, path: Path = PATH) -> None:

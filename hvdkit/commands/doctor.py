@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def doctor_command(args: argparse.Namespace) -> int:
     from hvdkit.doctor import checks
+    from hvdkit.doctor.gpu import gpu_section
 
     results: list[Check] = []
 
@@ -46,7 +47,8 @@ def doctor_command(args: argparse.Namespace) -> int:
     build, matrix = checks.build_checks()
     for check in build:
         emit(check)
-    emit(checks.gpu_check())
+    for check in gpu_section():
+        emit(check)
     if args.hostfile:
         _cluster_checks(args, matrix, emit)
     elif matrix is not None and args.allreduce:

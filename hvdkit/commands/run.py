@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from hvdkit.commands import options
 
 if TYPE_CHECKING:
     from hvdkit.launch.elastic import ElasticConfig
+    from hvdkit.launch.plan import LaunchPlan
 
 SAFE_PATH = re.compile(r"^[\w./~+@%:,=-]+$")
 
@@ -229,4 +231,20 @@ def run_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(plan.to_dict(), indent=2) if args.json else describe(plan))
         return 0
+    problem = _gpu_problem(plan)
+    if problem:
+        return _fail(problem)
     return runner.execute(plan, output_dir=args.output_dir, verbose=args.verbose)
+
+
+def _gpu_problem(plan: LaunchPlan) -> str | None:
+    """With a NCCL build, more ranks on this machine than its GPUs fail inside NCCL once the
+    job runs: say so before launching (other hosts: ``hvdkit doctor --hostfile``)."""
+    from hvdkit import gpus
+    from hvdkit.build import record
+
+    if not record.nccl_built():
+        return None
+    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+    local = max((slot.local_size for slot in plan.ranks if slot.host in here), default=0)
+    return gpus.shared_gpu_problem(local, len(gpus.probe().gpus), nccl=True) if local else None

@@ -145,23 +145,6 @@ def _built_for() -> dict[str, str]:
     return {k: inputs[k] for k in FRAMEWORK_NAMES if k in inputs}
 
 
-def gpu_check() -> Check:
-    """GPUs visible to this process (nvidia-smi)."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return Check(PASS, "GPUs", "none visible (nvidia-smi not found): CPU-only runs")
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    if out.returncode != 0:
-        return Check(
-            FAIL,
-            "GPUs",
-            f"nvidia-smi failed: {out.stderr.strip()[:200]}",
-            "check the NVIDIA driver (nvidia-smi must work)",
-        )
-    return Check(PASS, "GPUs", f"{len(gpus)} visible: " + "; ".join(gpus) if gpus else "none")
-
-
 def _horovodrun() -> str | None:
     local = Path(sys.executable).parent / "horovodrun"
     return str(local) if local.exists() else shutil.which("horovodrun")

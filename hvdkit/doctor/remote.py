@@ -13,7 +13,9 @@ import sys
 from collections.abc import Iterator
 
 from hvdkit.build.config import FRAMEWORK_NAMES
+from hvdkit.build.record import nccl_built
 from hvdkit.doctor.checks import FAIL, PASS, Check
+from hvdkit.gpus import shared_gpu_problem
 from hvdkit.launch.hostfile import Host
 
 MARK = "hvdkit-doctor-versions "
@@ -113,12 +115,20 @@ def host_checks(
         gpus = there["gpus"]
         if gpus == 0 and here["gpus"] == 0:
             yield Check(PASS, f"GPUs on {host.name}", f"none (CPU run, {host.slots} processes)")
-        elif gpus < host.slots:
+        elif gpus == 0 or shared_gpu_problem(host.slots, gpus, nccl=nccl_built()):
             yield Check(
                 FAIL,
                 f"GPUs on {host.name}",
-                f"{host.slots} slots but {gpus} GPU(s)",
+                f"{host.slots} slots but {gpus} GPU(s)"
+                + (", and NCCL refuses two ranks on one GPU" if gpus else ""),
                 f"set `{host.name} slots={gpus}` in the hostfile (one process per GPU)",
+            )
+        elif gpus < host.slots:
+            yield Check(
+                PASS,
+                f"GPUs on {host.name}",
+                f"{host.slots} slots share {gpus} GPU(s) (no NCCL in this Horovod: Gloo/MPI "
+                "stage GPU tensors through host memory)",
             )
         else:
             yield Check(PASS, f"GPUs on {host.name}", f"{gpus} for {host.slots} slots")

@@ -198,4 +198,5 @@ def pin_device(topology: Topology) -> None:
         backend.gpu_count(),
         lambda index: backend.use_gpu(index, topology.rank),
         set_threads,
+        nccl=bool(backend.horovod().nccl_built()),
     )

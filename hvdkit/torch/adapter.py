@@ -78,8 +78,14 @@ class TorchAdapter(Adapter):
 
     def _pin_device(self, topology: Topology) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if pin(topology, gpus, torch.cuda.set_device, torch.set_num_threads):
-            self.device = torch.device("cuda", topology.local_rank)
+        taken: list[int] = []
+
+        def use_gpu(index: int) -> None:
+            torch.cuda.set_device(index)
+            taken.append(index)
+
+        if pin(topology, gpus, use_gpu, torch.set_num_threads, nccl=bool(hvd.nccl_built())):
+            self.device = torch.device("cuda", taken[0])
         self.model.to(self.device)
 
     def _wrap_optimizer(self) -> None:
