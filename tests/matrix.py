@@ -65,11 +65,13 @@ CELLS: tuple[Cell, ...] = (
         "the project's pins: CPU torch 2.13.0 + tensorflow-cpu 2.21",
     ),
     Cell(
-        "py311-torch2141",
+        "py311-torch2141-nccl",
         "3.11",
-        ("torch==2.14.1",),
+        ("torch==2.14.1", "cuda-toolkit[nvcc,cccl]==13.0.3"),
         TORCH_CHECKS,
-        "torch 2.14.1 (a CUDA 13 build, from this machine's disk), no GPU; the CI cell",
+        "torch 2.14.1 (CUDA 13.0) with nvcc from the cuda-toolkit wheels torch depends on; "
+        "Horovod built with NCCL for sm_90, no GPU; the CI cell",
+        build_args=("--gpu-operations", "NCCL", "--cuda-arch", "90"),
     ),
     Cell(
         "py312-torch215",

@@ -222,8 +222,11 @@ def test_cuda_torch_without_a_usable_toolkit_stops_with_the_pip_line():
     (problem,) = find_problems(none, TORCH_ONLY, [])
     text = str(problem)
     assert "CUDA 13.0 build" in text and "/usr/local (nvcc on PATH)" in text
-    assert "pip install 'nvidia-cuda-nvcc==13.*' 'nvidia-cuda-runtime==13.*'" in text
+    assert "pip install 'cuda-toolkit[nvcc,cccl]==13.0.*'" in text
     assert "CPU build of PyTorch" in text
+    # torch >= 2.14 depends on the cuda-toolkit meta-package: the same release, with nvcc.
+    wheels = dataclasses.replace(none, cuda_toolkit_wheels="13.0.3")
+    assert "pip install 'cuda-toolkit[nvcc,cccl]==13.0.3'" in str(find_problems(wheels, TORCH_ONLY, [])[0])
 
 
 def test_toolkit_choice_takes_the_first_complete_one_of_torchs_major():

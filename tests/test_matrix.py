@@ -1,9 +1,13 @@
 """The compatibility matrix (tests/matrix.py): its pure parts, and in CI one cell beyond the
-project's pins, run for real: torch 2.14.1 (a CUDA 13 build, no GPU here) in a fresh venv, hvdkit
-from its wheel, Horovod built for it (C++20, CUDA compiled in), doctor, and 2-rank runs whose
-ranks end equal. ``make matrix`` runs every cell."""
+project's pins, run for real: torch 2.14.1 (a CUDA 13 build, no GPU here) with the CUDA
+compiler from pip in a fresh venv, hvdkit from its wheel, Horovod built for it with NCCL
+(C++20, CUDA from the wheels), doctor, and 2-rank runs whose ranks end equal. ``make matrix``
+runs every cell."""
 
 from __future__ import annotations
+
+import re
+import subprocess
 
 import pytest
 from matrix import CELLS, Row, Runner, build_wheel, check_result, find_python, render
@@ -11,7 +15,8 @@ from matrix import CELLS, Row, Runner, build_wheel, check_result, find_python, r
 
 def test_cells_cover_what_users_install():
     names = {c.name for c in CELLS}
-    assert {"py311-pins", "py312-torch215", "py312-torch2141", "py312-tf221"} <= names
+    assert {"py311-pins", "py311-torch2141-nccl", "py312-torch215", "py312-torch2141",
+            "py312-tf221"} <= names  # fmt: skip
     assert {c.python for c in CELLS} == {"3.11", "3.12", "3.13"}
     newest = next(c for c in CELLS if c.name == "py313-torch-keras")
     assert newest.keras_backend == "torch" and newest.lift_cap
@@ -45,11 +50,14 @@ def test_find_python():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(2400)
-def test_torch_214_cell_builds_and_trains_with_equal_ranks(tmp_path, monkeypatch):
+def test_torch_214_nccl_cell_builds_from_pip_cuda_and_trains_with_equal_ranks(tmp_path, monkeypatch):
+    """Issue 24's cell beyond the pins (torch >= 2.14: C++20, a CUDA torch) and issue 26's
+    NCCL build from pip's CUDA wheels alone, in one compile: no GPU here, so the ranks run
+    CPU tensors through MPI and Gloo with the NCCL build installed."""
     # A throwaway venv: pip's byte-compiling of torch's and the CUDA wheels' modules is CPU
     # that CI's time budget needs elsewhere (`make matrix` installs as a user does).
     monkeypatch.setenv("PIP_NO_COMPILE", "1")
-    cell = next(c for c in CELLS if c.name == "py311-torch2141")
+    cell = next(c for c in CELLS if c.name == "py311-torch2141-nccl")
     lines: list[str] = []
     runner = Runner(tmp_path, build_wheel(tmp_path / "dist"), True, lines.append)
     row = runner.run(cell)
@@ -57,7 +65,15 @@ def test_torch_214_cell_builds_and_trains_with_equal_ranks(tmp_path, monkeypatch
     log = tmp_path / f"{cell.name}.log"
     assert row.ok, f"{row.error}\n(full log {log})"
     text = log.read_text()
-    # The decisions issue 24 is about, as the build made them.
-    assert "cxx20:" in text and "torch-cuda:" in text
-    assert "SKIP  TensorFlow: not installed" in text
+    # The decisions issues 24 and 26 are about, as the build made them.
+    assert "cxx20:" in text and "torch-cuda:" in text and "nccl:" in text
+    assert re.search(r"CUDA toolkit: \S+/nvidia/cu13 \(nvidia wheels, CUDA 13\.0", text), text
+    assert "GPU ops nccl (yes)" in text
+    # doctor: the NCCL a rank loads (the wheel's, asked without a GPU), GPU checks skipped.
+    assert re.search(r"PASS  NCCL: 2\.30\.7 loaded from \S+/nvidia/nccl/lib/libnccl\.so", text)
+    assert "SKIP  GPUs: none visible" in text and "SKIP  TensorFlow: not installed" in text
     assert row.example.startswith("2/2 equal ranks")
+    # The system's partial toolkit is not mixed in: nothing links from /usr/local/cuda.
+    (ext,) = (tmp_path / cell.name).glob("lib/python3.*/site-packages/horovod/torch/mpi_lib_v2*.so")
+    dynamic = subprocess.run(["readelf", "-d", str(ext)], capture_output=True, text=True).stdout
+    assert "NEEDED" in dynamic and "/usr/local/cuda" not in dynamic, dynamic

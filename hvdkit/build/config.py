@@ -101,6 +101,7 @@ class BuildEnv:
     torch_cxx11_abi: bool | None = None
     torch_include_dir: str | None = None
     torch_cuda: str | None = None  # the CUDA a CUDA build of torch was made for, e.g. "13.0"
+    cuda_toolkit_wheels: str | None = None  # the `cuda-toolkit` meta-package installed, if any
     tensorflow_version: str | None = None
     tf_include_dir: str | None = None
     tf_has_highwayhash: bool = True

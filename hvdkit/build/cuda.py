@@ -63,14 +63,17 @@ def choose_toolkit(
     return None, passed_over
 
 
-def toolkit_fix(torch_cuda: str | None) -> str:
+def toolkit_fix(torch_cuda: str | None, toolkit_wheels: str | None = None) -> str:
     """What makes a usable toolkit for ``torch_cuda``. CUDA >= 13's nvidia wheels share one
-    prefix (``nvidia/cu13``), so pip can complete it; CUDA 12's wheels each have their own
-    folder, which is no toolkit: those users need a full one as $CUDA_HOME."""
-    major = (version_tuple(torch_cuda or "13") or (13,))[0]
-    if major >= 13:
+    prefix (``nvidia/cu13``), so pip can complete it: the ``cuda-toolkit`` meta-package
+    torch >= 2.14 already depends on (``toolkit_wheels``, its installed version), with the
+    compiler's extras, so nvcc matches torch's CUDA exactly. CUDA 12's wheels each have their
+    own folder, which is no toolkit: those users need a full one as $CUDA_HOME."""
+    parts = version_tuple(torch_cuda or "13.0") or (13, 0)
+    if parts[0] >= 13:
+        pin = toolkit_wheels or ".".join(map(str, (*parts[:2], "*")))
         return (
-            f"pip install 'nvidia-cuda-nvcc=={major}.*' 'nvidia-cuda-runtime=={major}.*' into "
-            "this environment (no GPU needed), or set CUDA_HOME to a full toolkit"
+            f"pip install 'cuda-toolkit[nvcc,cccl]=={pin}' into this environment (nvcc and the "
+            "CUDA headers as wheels; no GPU needed), or set CUDA_HOME to a full toolkit"
         )
-    return f"install the CUDA {major} toolkit (NVIDIA's installer or package) and set CUDA_HOME"
+    return f"install the CUDA {parts[0]} toolkit (NVIDIA's installer or package) and set CUDA_HOME"

@@ -111,7 +111,8 @@ def _no_toolkit_problem(env: BuildEnv) -> Problem:
         f"PyTorch {env.torch_version} is a CUDA {env.torch_cuda} build, so Horovod compiles CUDA "
         "support into its PyTorch extension, and that needs a CUDA toolkit (nvcc, "
         f"cuda_runtime.h, libcudart) of CUDA {env.torch_cuda}. None was usable: {looked}.",
-        f"{toolkit_fix(env.torch_cuda)}; or install a CPU build of PyTorch.",
+        f"{toolkit_fix(env.torch_cuda, env.cuda_toolkit_wheels)}; or install a CPU build of "
+        "PyTorch.",
     )
 
 
@@ -168,10 +169,11 @@ def _gpu_problems(env: BuildEnv, cfg: BuildConfig) -> list[Problem]:
     if env.cuda_home is None:
         problems.append(
             Problem(
-                "--gpu-operations NCCL needs the CUDA toolkit (nvcc), which was not found in "
-                "$CUDA_HOME, /usr/local/cuda or on PATH.",
-                "install the CUDA toolkit that matches your PyTorch CUDA build and set "
-                "CUDA_HOME, or build for CPU by leaving out --gpu-operations.",
+                "--gpu-operations NCCL needs a CUDA toolkit (nvcc, cuda_runtime.h, "
+                "libcudart), and none was usable: "
+                f"{'; '.join(env.cuda_passed_over) or 'no candidate directory exists'}.",
+                f"{toolkit_fix(env.torch_cuda, env.cuda_toolkit_wheels)}; or build for CPU by "
+                "leaving out --gpu-operations.",
             )
         )
     if env.nccl_lib_dir is None:

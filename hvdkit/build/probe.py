@@ -198,6 +198,7 @@ def probe() -> BuildEnv:
         torch_version=torch_version,
         torch_include_dir=str(torch_dir / "include") if torch_version and torch_dir else None,
         torch_cuda=torch_cuda,
+        cuda_toolkit_wheels=dist_version("cuda-toolkit"),
         tensorflow_version=tf_version,
         tf_include_dir=str(tf_include) if tf_include else None,
         tf_has_highwayhash=tf_has("highwayhash/arch_specific.h"),
