@@ -227,3 +227,24 @@ def test_log_scan_skips_warnings_and_knows_the_cxx20_and_cuda_errors():
         assert found.known is not None and found.known.key == key
         text = summarize_failure(log.splitlines(), "/l.log")
         assert f"(log line {line})" in text and "Fix: " in text
+
+
+def test_cuda_from_the_nvidia_wheels_gets_their_lib_dir_and_a_libcudart_link(tmp_path):
+    cu13 = tmp_path / "site-packages/nvidia/cu13"
+    (cu13 / "lib").mkdir(parents=True)
+    (cu13 / "lib/libcudart.so.13").write_text("cudart")
+    env = dataclasses.replace(
+        TODAY, torch_version="2.14.1", torch_cuda="13.0", cuda_home=str(cu13),
+        cuda_version="13.0", cuda_source="nvidia wheels",
+    )  # fmt: skip
+    cfg = BuildConfig(frameworks=("torch",), cache_dir=tmp_path)
+    remedies = plan_remedies(env, cfg)
+    assert "cuda-wheels" in [r.key for r in remedies]
+    work = tmp_path / "work"
+    built = make_recipe(env, cfg, remedies, {}).materialize(work)
+    assert built["LIBRARY_PATH"] == f"{cu13}/lib:{work}/cuda-lib"
+    assert built["CMAKE_LIBRARY_PATH"].split(":")[0] == f"{work}/cuda-lib"
+    assert (work / "cuda-lib/libcudart.so").read_text() == "cudart"
+    # A system toolkit (lib64/, libcudart.so present) needs none of it.
+    system = dataclasses.replace(env, cuda_home="/usr/local/cuda", cuda_source="/usr/local/cuda")
+    assert "cuda-wheels" not in [r.key for r in plan_remedies(system, cfg)]

@@ -143,6 +143,8 @@ def make_recipe(
         prepend.insert(0, "{workdir}/cuda/bin")
     if prepend:
         build_env["PATH"] = os.pathsep.join([*prepend, build_env["PATH"]])
+    for rel, target in (link for r in remedies for link in r.symlinks):
+        recipe.symlinks[rel] = target
     if cfg.gpu_operations == "NCCL" and env.nccl_lib_dir and env.nccl_include_dir:
         # The nvidia-nccl wheel ships only libnccl.so.2; the linker wants libnccl.so.
         recipe.symlinks["nccl/include"] = env.nccl_include_dir

@@ -73,6 +73,16 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "CUDA >= 13",
     ),
     KnownFailure(
+        "cuda-wheels",
+        r"cannot find -l(cudadevrt|cudart_static)",
+        "ld: cannot find -lcudadevrt / -lcudart_static (CMake's CUDA compiler check, nvcc "
+        "from the nvidia wheels)",
+        "the nvidia wheels put CUDA's libraries in lib/, where nvcc's own profile looks in "
+        "lib64/, and ship libcudart.so.N without the libcudart.so CMake looks for",
+        "hvdkit adds the wheels' lib/ to the linker's path (LIBRARY_PATH) and a libcudart.so "
+        "link for CMake when the toolkit is the nvidia wheels",
+    ),
+    KnownFailure(
         "build-isolation",
         r"ModuleNotFoundError: No module named '(packaging|torch|tensorflow)'",
         "No module named 'packaging' / torch not found during the build",
@@ -138,6 +148,7 @@ class Remedy:
     torch_cxx_std: str | None = None  # for the units that include PyTorch's headers
     nvcc_std: str | None = None  # for nvcc's own -std (the CUDA kernels)
     path_prepend: tuple[str, ...] = ()
+    symlinks: tuple[tuple[str, str], ...] = ()  # (path in the build dir, target)
     force_includes: tuple[str, ...] = ()
     forward_headers: tuple[tuple[str, str], ...] = ()
     system_packages: tuple[str, ...] = ()
@@ -235,6 +246,8 @@ def plan_remedies(env: BuildEnv, cfg: BuildConfig) -> list[Remedy]:
     if cfg.gpu_operations == "NCCL":
         plan.append(_nccl_remedy(env, cfg))
     uses_nvcc = any(r.key in ("torch-cuda", "nccl") for r in plan)
+    if uses_nvcc and env.cuda_source == "nvidia wheels":
+        plan.append(_cuda_wheels_remedy(env))
     if uses_nvcc and at_least(env.cuda_version, "13"):
         plan.append(
             Remedy(
@@ -256,6 +269,22 @@ def _torch_cuda_remedy(env: BuildEnv) -> Remedy:
         f"(CUDA {env.cuda_version}), given to both torch and CMake",
         env={"CUDA_HOME": home, "HOROVOD_CUDA_HOME": home, "CUDAToolkit_ROOT": home},
         path_prepend=(f"{home}/bin",),
+    )
+
+
+def _cuda_wheels_remedy(env: BuildEnv) -> Remedy:
+    lib = f"{env.cuda_home}/lib"
+    major = (env.cuda_version or "13").split(".")[0]
+    return Remedy(
+        "cuda-wheels",
+        "the CUDA toolkit is the nvidia wheels, whose libraries are in lib/ (nvcc looks in "
+        "lib64/) with no libcudart.so: their lib/ goes on the linker's path, and a "
+        "libcudart.so link is made for CMake",
+        env={
+            "LIBRARY_PATH": f"{lib}:{{workdir}}/cuda-lib",
+            "CMAKE_LIBRARY_PATH": f"{{workdir}}/cuda-lib:{lib}",
+        },
+        symlinks=(("cuda-lib/libcudart.so", f"{lib}/libcudart.so.{major}"),),
     )
 
 

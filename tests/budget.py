@@ -1,0 +1,114 @@
+"""CI's time budget (README, "Tests and CI").
+
+CI must finish within 50 minutes on a fresh machine, where it compiles Horovod twice (the
+project's stack, and the matrix cell's NCCL build) and builds the CPU image before any test
+runs long. The tests below are therefore *budgeted*: each repeats a path that another test
+already runs in CI (another Keras backend, controller or mode), or is a long end-to-end run of
+something the rest covers in parts. They run after every other test and before the image
+tests, in this order, and under ``.ci/run`` each starts only if its measured duration still
+fits before ``HVDKIT_CI_DEADLINE`` (set by ``.ci/run``); a test that does not fit is skipped
+with the reason. A warm machine runs most or all of them; ``make test`` (no deadline) and
+``make test-all`` run every one.
+
+Seconds are each test's duration on this project's 2-core machine (2026-11-25, a warm run).
+"""
+
+from __future__ import annotations
+
+import time
+
+DEADLINE = "HVDKIT_CI_DEADLINE"
+"""Seconds since the epoch after which no budgeted test may still be running."""
+
+BUDGETED: dict[str, float] = {
+    # Whole-run checks whose parts the core runs: the bench's workers and plan
+    # (test_bench_units.py), `make setup` (CI's own, test_packaging.py's install).
+    "test_bench.py::test_quick_run_reports_every_section": 240,
+    "test_setup.py::test_fresh_checkout_reuses_cached_wheel": 240,
+    # Examples whose APIs the adapter tests check step by step.
+    "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes[torch]": 90,
+    "test_examples_torch.py::test_fashion_resnet_short_run_channels_last_under_mpi": 35,
+    "test_tensorflow.py::test_examples_train_and_end_with_identical_weights"
+    "[tensorflow_mnist_custom_loop.py]": 30,
+    "test_elastic.py::test_elastic_example_trains_on_two_hosts[pytorch_elastic.py]": 20,
+    # Elastic: a kill on each framework and Keras backend stays in the core.
+    "test_elastic.py::test_stopped_worker_is_counted_failed_within_a_bounded_time": 40,
+    "test_elastic.py::test_session_elastic_true_survives_a_kill_with_the_plain_session_loop": 25,
+    "test_tensorflow.py::test_killed_worker_resumes_from_the_last_commit[keras]": 45,
+    "test_launch_ssh.py::test_elastic_kill_across_two_ssh_hosts": 30,
+    # The other Keras backend, controller or mode of a case the core runs.
+    "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[tensorflow-mpi]": 30,
+    "test_keras_collectives.py::test_sync_batch_normalization_equals_batch_norm_on_the_global"
+    "_batch[torch]": 20,
+    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
+    "[tensorflow-schedule]": 15,
+    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
+    "[torch-float]": 20,
+    "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
+    "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 25,
+    "test_torch_adapter.py::test_gradient_accumulation_matches_one_big_step": 15,
+    "test_torch_adapter.py::test_uneven_shards_finish_and_checkpoint_once": 15,
+    "test_torch_adapter.py::test_warmup_reaches_size_times_lr_and_composes_with_scheduler": 15,
+    "test_torch_sync.py::test_lazy_modules_get_a_clear_error_on_every_rank": 15,
+    "test_keras_adapter.py::test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast"
+    "[torch]": 95,
+    "test_keras_adapter.py::test_bad_checkpoint_stops_every_rank_naming_the_file[torch]": 30,
+    "test_keras_adapter.py::test_metric_average_is_global_on_unequal_shards_whatever_the"
+    "_callback_order[torch]": 35,
+    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit[torch-fit_eager]": 30,
+    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit"
+    "[tensorflow-fit_eager]": 20,
+    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[torch-schedule]": 25,
+    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[tensorflow-float]": 20,
+    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
+    "[torch-schedule]": 20,
+    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
+    "[tensorflow-float]": 15,
+    "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[tensorflow-gloo]": 20,
+    "test_keras_parity.py::test_ranks_that_drift_apart_stop_the_job[torch]": 30,
+    "test_keras_parity.py::test_the_sync_guard_can_be_turned_off": 20,
+    "test_keras_collectives.py::test_collectives_on_every_backend[tensorflow-gloo]": 20,
+    "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
+    "[tensorflow-state]": 30,
+    "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
+    "[torch-state]": 45,
+    "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
+    "[tensorflow-session]": 30,
+    "test_elastic.py::test_elastic_example_trains_on_two_hosts[keras_elastic.py --backend torch]": 25,
+    "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes"
+    "[tensorflow]": 75,
+    "test_tensorflow.py::test_examples_train_and_end_with_identical_weights[tensorflow_mnist.py]": 25,
+    "test_torch_adapter.py::test_params_identical_on_all_ranks_after_training[mpi]": 20,
+    "test_allreduce_from_scratch.py::test_four_ranks_on_a_two_slot_machine": 30,
+    # doctor's full local run: the image build's gate runs the same checks and fails the build
+    # on any FAIL; the ssh test runs it across hosts; the matrix cell runs it on its stack.
+    "test_doctor.py::test_doctor_passes_with_allreduce_for_both_frameworks_and_controllers": 95,
+}
+
+
+def key(nodeid: str) -> str:
+    return nodeid.removeprefix("tests/")
+
+
+def order(nodeid: str, is_image_test: bool) -> tuple[int, int]:
+    """Sort key: the core first, then the budgeted tests in the order above, then the image
+    tests (CI builds the image in the background meanwhile)."""
+    if is_image_test:
+        return (2, 0)
+    if key(nodeid) in BUDGETED:
+        return (1, list(BUDGETED).index(key(nodeid)))
+    return (0, 0)
+
+
+def over_budget(nodeid: str, deadline: float | None, now: float | None = None) -> str | None:
+    """Why a budgeted test must not start now, or None when it may (or is not budgeted)."""
+    seconds = BUDGETED.get(key(nodeid))
+    if seconds is None or deadline is None:
+        return None
+    left = deadline - (time.time() if now is None else now)
+    if seconds <= left:
+        return None
+    return (
+        f"CI time budget: takes ~{seconds:.0f} s, {max(left, 0):.0f} s left "
+        "(tests/budget.py; `make test` runs it)"
+    )
