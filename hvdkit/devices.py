@@ -37,12 +37,13 @@ def pin(
     use_gpu: Callable[[int], None],
     set_cpu_threads: Callable[[int], None],
     nccl: bool = True,
-) -> bool:
+) -> int | None:
     """Step 2 for any framework: with ``gpus`` visible, take GPU ``local_rank`` (one per
     process; shared when there are fewer and Horovod has no NCCL, ``nccl``); without, compute
-    with this process's share of the cores. Returns whether a GPU was taken."""
+    with this process's share of the cores. Returns the GPU taken, or None."""
     if gpus:
-        use_gpu(gpu_for(topology, gpus, nccl))
-        return True
+        index = gpu_for(topology, gpus, nccl)
+        use_gpu(index)
+        return index
     set_cpu_threads(threads_per_rank(topology))
-    return False
+    return None

@@ -17,7 +17,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from hvdkit import envvars
+from hvdkit import envvars, gpus
 from hvdkit.build.config import BuildEnv
 from hvdkit.build.cuda import CudaCandidate, choose_toolkit
 
@@ -156,12 +156,8 @@ def _nccl() -> tuple[str | None, str | None, str | None]:
 
 
 def _gpu_capabilities() -> tuple[str, ...]:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return ()
-    text = _run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"]) or ""
-    caps = {line.strip().replace(".", "") for line in text.splitlines() if line.strip()}
-    return tuple(sorted(caps))
+    # Every GPU of the machine, whatever this shell's CUDA_VISIBLE_DEVICES hides.
+    return tuple(sorted({gpu.capability for gpu in gpus.probe(env={}).gpus}))
 
 
 def _memory_gib() -> float:

@@ -145,11 +145,4 @@ def make_recipe(
         build_env["PATH"] = os.pathsep.join([*prepend, build_env["PATH"]])
     for rel, target in (link for r in remedies for link in r.symlinks):
         recipe.symlinks[rel] = target
-    if cfg.gpu_operations == "NCCL" and env.nccl_lib_dir and env.nccl_include_dir:
-        # The nvidia-nccl wheel ships only libnccl.so.2; the linker wants libnccl.so.
-        recipe.symlinks["nccl/include"] = env.nccl_include_dir
-        recipe.symlinks["nccl/lib/libnccl.so"] = f"{env.nccl_lib_dir}/libnccl.so.2"
-        recipe.symlinks["nccl/lib/libnccl.so.2"] = f"{env.nccl_lib_dir}/libnccl.so.2"
-        build_env["HOROVOD_NCCL_HOME"] = "{workdir}/nccl"
-        build_env["HOROVOD_NCCL_LINK"] = "SHARED"
     return recipe

@@ -297,9 +297,15 @@ def _nccl_remedy(env: BuildEnv, cfg: BuildConfig) -> Remedy:
     if env.cuda_home:
         gpu_env["HOROVOD_CUDA_HOME"] = env.cuda_home
     reason = f"NCCL build for compute capabilities {','.join(archs) or '(none found)'}"
-    if env.nccl_lib_dir:
+    links: tuple[tuple[str, str], ...] = ()
+    if env.nccl_lib_dir and env.nccl_include_dir:
+        # The nvidia-nccl wheel ships only libnccl.so.2; the linker wants libnccl.so.
         reason += f"; NCCL {env.nccl_version} from the nvidia-nccl wheel (libnccl.so link added)"
-    return Remedy("nccl", reason, env=gpu_env)
+        lib = f"{env.nccl_lib_dir}/libnccl.so.2"
+        links = (("nccl/include", env.nccl_include_dir), ("nccl/lib/libnccl.so", lib),
+                 ("nccl/lib/libnccl.so.2", lib))  # fmt: skip
+        gpu_env.update(HOROVOD_NCCL_HOME="{workdir}/nccl", HOROVOD_NCCL_LINK="SHARED")
+    return Remedy("nccl", reason, env=gpu_env, symlinks=links)
 
 
 def first_known_failure(line: str) -> KnownFailure | None:

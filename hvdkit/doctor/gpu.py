@@ -44,11 +44,11 @@ def loaded_nccl(inputs: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def _built(inputs: dict[str, Any]) -> str:
-    parts = [f"CUDA {inputs['cuda']}" if inputs.get("cuda") else ""]
-    if inputs.get("cuda_arch"):
-        parts.append(f"arch {','.join(inputs['cuda_arch'])}")
-    if inputs.get("nccl"):
-        parts.append(f"NCCL {inputs['nccl']}")
+    parts = [
+        f"CUDA {inputs['cuda']}" if inputs.get("cuda") else "",
+        f"arch {','.join(inputs['cuda_arch'])}" if inputs.get("cuda_arch") else "",
+        f"NCCL {inputs['nccl']}" if inputs.get("nccl") else "",
+    ]
     return ", ".join(p for p in parts if p)
 
 
@@ -57,7 +57,7 @@ def gpu_checks(
 ) -> list[Check]:
     """The GPU lines: the GPUs, then (for a CUDA build, with a GPU) the arch list and the
     driver, then (for a NCCL build) the NCCL loaded. ``inputs`` are the build record's;
-    ``nccl`` is :func:`loaded_nccl`'s answer."""
+    ``nccl`` is :func:`loaded_nccl`'s answer, given for a NCCL build only."""
     cuda_build = bool(inputs.get("cuda") or inputs.get("torch_cuda"))
     if probe.error:
         return [Check(FAIL, "GPUs", f"nvidia-smi failed: {probe.error}",
@@ -104,8 +104,8 @@ def gpu_checks(
                 if problem
                 else Check(PASS, "CUDA driver", detail)
             )  # fmt: skip
-    built_nccl = inputs.get("nccl") if inputs.get("gpu_operations") == "NCCL" else None
-    if built_nccl and nccl is not None:
+    built_nccl = inputs.get("nccl")
+    if nccl is not None and built_nccl:
         loaded, where = nccl
         problem = rules.nccl_problem(built_nccl, loaded)
         checks.append(

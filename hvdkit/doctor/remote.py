@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import platform
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 from hvdkit.build.config import FRAMEWORK_NAMES
 from hvdkit.build.record import nccl_built
 from hvdkit.doctor.checks import FAIL, PASS, Check
+from hvdkit.gpus import probe as probe_gpus
 from hvdkit.gpus import shared_gpu_problem
 from hvdkit.launch.hostfile import Host
 
@@ -35,10 +35,8 @@ def collect() -> dict:
     for dist, name in FRAMEWORK_NAMES.items():
         versions[name] = framework_version(dist)
     versions["Keras"] = dist_version("keras")
-    gpus = 0
-    if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        gpus = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    # Every GPU of the host, as before: a login shell's CUDA_VISIBLE_DEVICES is not the job's.
+    gpus = len(probe_gpus(env={}).gpus)
     name = socket.gethostname()
     try:
         address = socket.gethostbyname(name)
@@ -86,6 +84,7 @@ def host_checks(
 ) -> Iterator[Check]:
     """Reachability, versions and GPUs of every host in the hostfile."""
     here = collect()
+    nccl = nccl_built()
     for host in hosts:
         there, error = probe(host, port, identity)
         if there is None:
@@ -115,7 +114,7 @@ def host_checks(
         gpus = there["gpus"]
         if gpus == 0 and here["gpus"] == 0:
             yield Check(PASS, f"GPUs on {host.name}", f"none (CPU run, {host.slots} processes)")
-        elif gpus == 0 or shared_gpu_problem(host.slots, gpus, nccl=nccl_built()):
+        elif gpus == 0 or shared_gpu_problem(host.slots, gpus, nccl=nccl):
             yield Check(
                 FAIL,
                 f"GPUs on {host.name}",

@@ -78,14 +78,10 @@ class TorchAdapter(Adapter):
 
     def _pin_device(self, topology: Topology) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        taken: list[int] = []
-
-        def use_gpu(index: int) -> None:
-            torch.cuda.set_device(index)
-            taken.append(index)
-
-        if pin(topology, gpus, use_gpu, torch.set_num_threads, nccl=bool(hvd.nccl_built())):
-            self.device = torch.device("cuda", taken[0])
+        nccl = bool(hvd.nccl_built())
+        index = pin(topology, gpus, torch.cuda.set_device, torch.set_num_threads, nccl=nccl)
+        if index is not None:
+            self.device = torch.device("cuda", index)
         self.model.to(self.device)
 
     def _wrap_optimizer(self) -> None:
