@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STACK := hvdkit/build/stack-cpu.txt
+# A second pin file whose lines replace $(STACK)'s for the same packages (the GPU image:
+# STACK_OVERRIDES=hvdkit/build/stack-gpu.txt, torch with CUDA and pip's CUDA compiler).
+STACK_OVERRIDES ?=
 STAMP := $(VENV)/.hvdkit-stack
 PYTEST_ARGS ?=
 # The flakiness sweep (tests/sweep.py): the multi-process tests, SWEEP_RUNS times, with
@@ -21,12 +24,12 @@ BUILD_FLAGS ?= --frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_F
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint
 
-.PHONY: setup stack run test test-fast test-all matrix lint sweep doctor clean
+.PHONY: setup stack run test test-fast test-all matrix image-gpu lint sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
 
-$(STAMP): $(STACK) setup.cfg pyproject.toml
+$(STAMP): $(STACK) $(STACK_OVERRIDES) setup.cfg pyproject.toml
 	$(MAKE) --no-print-directory stack
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
 	touch $(STAMP)
@@ -48,8 +51,11 @@ stack:
 	  echo "error: $(VENV) was made with another Python than $(PYTHON)."; \
 	  echo "Fix: make clean first, or give this one a venv of its own: make setup PYTHON=$(PYTHON) VENV=.venv-other"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	awk -v keep=",$(FRAMEWORKS)," '!/# framework: / || index(keep, "," $$NF ",")' \
-	  $(STACK) > $(VENV)/stack.txt
+	awk -v keep=",$(FRAMEWORKS)," -v over="$(STACK_OVERRIDES)" \
+	  'function pkg(l) { sub(/[ \t]*[=<>!~[;#].*/, "", l); return tolower(l) } \
+	   /# framework: / && !index(keep, "," $$NF ",") { next } \
+	   FILENAME == over { if (pkg($$0) != "") mine[pkg($$0)] = 1; print; next } \
+	   !(pkg($$0) in mine)' $(STACK_OVERRIDES) $(STACK) > $(VENV)/stack.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(VENV)/stack.txt
 
 run: setup
@@ -72,6 +78,11 @@ test-all: setup
 MATRIX_ARGS ?=
 matrix: setup
 	$(BIN)/python tests/matrix.py $(MATRIX_ARGS)
+
+# The GPU image (docker/Dockerfile.gpu) built here with podman or Docker and checked without
+# a GPU; left out of CI for time (README, "Docker").
+image-gpu: setup
+	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -s tests/test_docker_image.py -k gpu_image $(PYTEST_ARGS)
 
 # ruff (style, imports, bugs) and mypy (types) over the package; settings in pyproject.toml.
 lint: setup $(LINT_STAMP)

@@ -30,6 +30,7 @@ from hvdkit.build.config import default_cache_dir
 TAG = "localhost/hvdkit:cpu-test"
 TORCH_TAG = "localhost/hvdkit:cpu-torch-test"
 TORCH_ONLY = ("FRAMEWORKS=torch", "KERAS_BACKEND=torch")
+GPU_TAG = "localhost/hvdkit:gpu-test"
 DEFAULT_BASE = "python:3.11.14-slim-bookworm"
 DEBIAN_BASE = "localhost/hvdkit-python:3.11-bookworm"
 PACKAGES = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
@@ -163,17 +164,23 @@ def pip_sources() -> tuple[list[str], list[str]]:
 
 
 def build(
-    engine: Engine, base: str, tag: str = TAG, build_args: tuple[str, ...] = ()
+    engine: Engine,
+    base: str,
+    tag: str = TAG,
+    build_args: tuple[str, ...] = (),
+    dockerfile: str = "docker/Dockerfile.cpu",
 ) -> tuple[float, list[str]]:
-    """Build the CPU image as the README says (plus ``build_args``, ``NAME=VALUE``), with this
-    machine's sources; the seconds it took and the command (for the record)."""
+    """Build an image as the README says (plus ``build_args``, ``NAME=VALUE``), with this
+    machine's sources; the seconds it took and the command (for the record). The base goes to
+    both the CPU image's ``PYTHON_IMAGE`` and the GPU image's two stages."""
     args, mounts = pip_sources()
     for arg in build_args:
         args += ["--build-arg", arg]
     cache = default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    argv = ["build", *engine.build_flags, "-f", "docker/Dockerfile.cpu", "-t", tag,
-            "--build-arg", f"PYTHON_IMAGE={base}", *args,
+    bases = [f"{name}={base}" for name in ("PYTHON_IMAGE", "BASE_IMAGE", "RUNTIME_IMAGE")]
+    argv = ["build", *engine.build_flags, "-f", dockerfile, "-t", tag,
+            *[x for b in bases for x in ("--build-arg", b)], *args,
             "--build-arg", "HVDKIT_CACHE_DIR=/hvdkit-cache", "-v", f"{cache}:/hvdkit-cache",
             *[x for m in mounts for x in ("-v", m)], str(ROOT)]  # fmt: skip
     started = time.monotonic()

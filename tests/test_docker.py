@@ -84,6 +84,10 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
     else:
         assert "--gpu-operations NCCL" in flags.group(1) and "--cuda-arch" in flags.group(1)
         assert args["FRAMEWORKS"] == args["KERAS_BACKEND"] == "torch"
+        # The GPU pins replace the CPU ones in both make calls; no PPA, no fixed CUDA base.
+        gpu = "hvdkit/build/stack-gpu.txt"
+        assert ("COPY", f"{gpu} {gpu}") in steps and runs.count(f"STACK_OVERRIDES={gpu}") == 2
+        assert "ppa" not in runs.lower() and "nvidia/cuda" not in args["BASE_IMAGE"]
     assert ("ENV", "KERAS_BACKEND=${KERAS_BACKEND}") in [
         (w, part) for w, a in steps if w == "ENV" for part in a.split()
     ]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, results
 from containers import (
+    GPU_TAG,
     TAG,
     TORCH_ONLY,
     TORCH_TAG,
@@ -41,9 +42,14 @@ def engine_base() -> tuple[Engine, str, str]:
     return (engine, *base_image(engine))
 
 
-def built(engine_base: tuple[Engine, str, str], tag: str, build_args: tuple[str, ...]) -> Engine:
+def built(
+    engine_base: tuple[Engine, str, str],
+    tag: str,
+    build_args: tuple[str, ...],
+    dockerfile: str = "docker/Dockerfile.cpu",
+) -> Engine:
     engine, base, how = engine_base
-    seconds, argv = build(engine, base, tag, build_args)
+    seconds, argv = build(engine, base, tag, build_args, dockerfile)
     size = image_size(engine, tag)
     print(f"\n[image] {tag}: {engine.name} build from {base} ({how}): {seconds:.0f} s, "
           f"{size / 2**30:.2f} GiB\n[image] {engine.name} {' '.join(argv)}")  # fmt: skip
@@ -58,6 +64,11 @@ def image(engine_base) -> Engine:
 @pytest.fixture(scope="module")
 def torch_image(engine_base) -> Engine:
     return built(engine_base, TORCH_TAG, TORCH_ONLY)
+
+
+@pytest.fixture(scope="module")
+def gpu_image(engine_base) -> Engine:
+    return built(engine_base, GPU_TAG, (), "docker/Dockerfile.gpu")
 
 
 def test_image_passes_doctor_and_trains_keras_mnist_as_non_root(image):
@@ -212,3 +223,39 @@ def test_pytorch_only_image_is_smaller_and_trains_like_one_process(image, torch_
           f"keras_mnist on the torch backend {accuracy}")  # fmt: skip
     assert accuracy > 0.90
     assert small < 0.6 * full
+
+
+@pytest.mark.extra  # `make image-gpu`: 2.7 GB of CUDA wheels and a NCCL compile, ~25 min cold
+def test_gpu_image_builds_without_a_gpu_and_says_what_it_skipped(gpu_image):
+    """docker/Dockerfile.gpu on this machine (no GPU, no registry): the Debian-made base plus
+    pip's CUDA wheels. Its gate ran doctor as it was built; here doctor reports the NCCL build
+    and the NCCL it loads, says the GPU checks were skipped and why, and 2 ranks on CPU tensors
+    (the NCCL build's Gloo and MPI paths) end equal to one process and to each other."""
+    doctor = gpu_image.run(GPU_TAG, "doctor", flags=("--network", "host"), timeout=600)
+    assert doctor.returncode == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    text = doctor.stdout
+    assert "PASS  Horovod build: Horovod 0.28.1" in text and "GPU ops nccl, " in text, text
+    assert re.search(r"PASS  NCCL: 2\.30\.7 loaded from \S+/nvidia/nccl/lib/libnccl\.so", text)
+    assert "SKIP  GPUs: none visible" in text, text
+    assert "PASS  allreduce PyTorch / gloo" in text and "PASS  allreduce PyTorch / mpi" in text
+    # What only the compile needed is gone: pip's nvcc and the C++ headers.
+    left = gpu_image.run(
+        GPU_TAG, "-c", "for p in nvidia/cu13/bin/nvcc torch/include nvidia/nccl/lib/libnccl.so.2; "
+        "do test -e .venv/lib/python3*/site-packages/$p && echo present: $p; done",
+        flags=("--entrypoint", "bash"),
+    )  # fmt: skip
+    assert left.stdout.split("\n")[:-1] == ["present: nvidia/nccl/lib/libnccl.so.2"], left.stdout
+    local = ("--network", "host", "-v", f"{ROOT / 'tests'}:/opt/hvdkit/tests:ro")
+    launch = ("run", "-np", "2", "--hostfile", "hostfiles/localhost", "--", "python")
+    outs = {
+        mode: gpu_image.run(GPU_TAG, *launch, "tests/workers/torch_worker.py", mode, *extra,
+                            flags=local, timeout=600)  # fmt: skip
+        for mode, extra in (("one_step", ()), ("train", ("--epochs", "2")))
+    }
+    for out in outs.values():
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    step, weights = results(outs["one_step"]), results(outs["train"])
+    assert all(r["diff"] < 1e-6 and r["moved"] > 1e-3 for r in step.values())
+    assert weights[0]["params"] == weights[1]["params"]
+    print(f"[image] GPU image without a GPU: NCCL build, GPU checks skipped; 2 ranks: one step "
+          f"= one process (diff {max(r['diff'] for r in step.values()):.1e}), weights equal")

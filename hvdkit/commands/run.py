@@ -177,6 +177,7 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
 
 def run_command(args: argparse.Namespace) -> int:
     from hvdkit.launch import runner
+    from hvdkit.launch.allocation import detect
     from hvdkit.launch.discover import probe
     from hvdkit.launch.elastic import ElasticError
     from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
@@ -203,10 +204,22 @@ def run_command(args: argparse.Namespace) -> int:
             hosts = parse_hostfile(args.hostfile, args.slots_per_host)
         elif args.hosts:
             hosts = parse_hosts_arg(args.hosts, args.slots_per_host)
+        elif allocation := detect():
+            hosts = list(allocation.hosts)
+            print(f"hvdkit run: {allocation.describe()}", file=sys.stderr)
+            if args.np is not None and args.np > allocation.slots:
+                return _fail(
+                    f"-np {args.np} is more than the {allocation.slots} slot(s) of the "
+                    f"{allocation.scheduler} allocation ({allocation.origin}); ask the "
+                    f"scheduler for more, or give -np {allocation.slots} or less"
+                )
         elif args.np is not None:
             hosts = [Host("localhost", args.np, source="(no hosts given: this machine)")]
         else:
-            return _fail("give -np N (processes on this machine), or --hostfile FILE / -H h1:N")
+            return _fail(
+                "give -np N (processes on this machine), or --hostfile FILE / -H h1:N; inside "
+                "a Slurm, PBS, LSF or MPIJob allocation hvdkit run reads its hosts itself"
+            )
         config = LaunchConfig(
             command=(sys.executable, "-m", "hvdkit.launch.guard", "--", *command)
             if command
@@ -245,6 +258,8 @@ def _gpu_problem(plan: LaunchPlan) -> str | None:
 
     if not record.nccl_built():
         return None
-    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+    # Names only: a DNS lookup (getfqdn) can stall a launch for seconds.
+    name = socket.gethostname()
+    here = {"localhost", "127.0.0.1", name, name.split(".")[0]}
     local = max((slot.local_size for slot in plan.ranks if slot.host in here), default=0)
     return gpus.shared_gpu_problem(local, len(gpus.probe().gpus), nccl=True) if local else None

@@ -17,6 +17,7 @@ import numpy as np
 from hvdkit.core import ReduceOp, Topology
 from hvdkit.devices import pin
 from hvdkit.keras.backends import current
+from hvdkit.launch import direct
 
 
 def horovod() -> ModuleType:
@@ -170,6 +171,7 @@ def init(comm: Any = None, process_sets: Any = None) -> Topology:
     """Initialise Horovod (idempotent) and return where this process sits."""
     hvd = horovod()
     if not hvd.is_initialized():
+        direct.check(bool(hvd.mpi_built()))
         hvd.init(comm=comm, process_sets=process_sets)
     return Topology.of(hvd)
 

@@ -59,7 +59,6 @@ from horovod.torch import (
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
-    init,
     is_initialized,
     join,
     local_rank,
@@ -83,7 +82,7 @@ from horovod.torch import (
 )
 
 from hvdkit.torch import elastic as elastic  # hvd.elastic, as in horovod.torch
-from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters, init
 from hvdkit.torch.optimizer import DistributedOptimizer, backward_and_step
 from hvdkit.torch.session import Session, setup
 from hvdkit.torch.sync_batch_norm import SyncBatchNorm

@@ -19,6 +19,7 @@ from hvdkit.lr import Warmup
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
+    init,
     load_optimizer_state_,
 )
 from hvdkit.torch.optimizer import DistributedOptimizer
@@ -73,7 +74,7 @@ class TorchAdapter(Adapter):
         self.epoch = 0
 
     def _init(self) -> Topology:
-        hvd.init()
+        init()
         return Topology.of(hvd)
 
     def _pin_device(self, topology: Topology) -> None:

@@ -1,5 +1,6 @@
 """State broadcasts that work on today's PyTorch: non-contiguous tensors (channels_last) and
-fresh optimizers (no spurious step, so AdamW does not decay the weights once at start)."""
+fresh optimizers (no spurious step, so AdamW does not decay the weights once at start); and
+``init``, which first checks that a launcher started the process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
+
+from hvdkit.launch import direct
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Horovod's ``init``. First, a process that ``srun`` or a bare ``mpirun`` started without
+    a launcher Horovod can join stops with the fix, rather than train alone as rank 0 of 1
+    (:mod:`hvdkit.launch.direct`)."""
+    direct.check(bool(hvd.mpi_built()))
+    hvd.init(comm=comm, process_sets=process_sets)
 
 
 class InvalidParamsError(TypeError, ValueError):

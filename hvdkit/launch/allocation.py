@@ -1,0 +1,224 @@
+"""The hosts a cluster scheduler gave this job, read from its variables and files: Slurm, PBS
+or Torque, LSF, and Kubeflow's MPI Operator (MPIJob v2). Pure but for reading the files the
+variables name, so every format is unit-tested on its real text.
+
+    Slurm   SLURM_JOB_NODELIST=node[01-02],gpu-a1  SLURM_TASKS_PER_NODE=4(x2),2
+    PBS     PBS_NODEFILE: one line per slot (a host appears once per process)
+    LSF     LSB_DJOB_HOSTFILE (one line per slot), else LSB_MCPU_HOSTS ("h1 4 h2 4")
+    MPIJob  /etc/mpi/hostfile (or OMPI_MCA_orte_default_hostfile): "host slots=N" lines
+
+``hvdkit run`` uses :func:`detect` only when no ``--hostfile``/``-H`` is given: flags win.
+Every mistake names the variable (or file and line) and its value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile_text
+
+MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
+
+
+class AllocationError(HostfileError):
+    """A scheduler variable or file that cannot be read as hosts and slots."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Hosts and slots from a scheduler; ``origin`` says which variables or file they came
+    from, as the one line ``hvdkit run`` prints."""
+
+    scheduler: str
+    hosts: tuple[Host, ...]
+    origin: str
+    job_id: str | None = None
+    gpus_per_node: int | None = None
+
+    @property
+    def slots(self) -> int:
+        return sum(host.slots for host in self.hosts)
+
+    def describe(self) -> str:
+        job = f" job {self.job_id}" if self.job_id else ""
+        listed = ", ".join(f"{h.name}:{h.slots}" for h in self.hosts)
+        return f"hosts from the {self.scheduler}{job} allocation ({self.origin}): {listed}"
+
+
+def expand_nodelist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
+    """Slurm's compressed host list (``node[01-04,07],gpu-a[1-2]``, ``r[1-2]-n[1-2]``) as
+    names, zero padding kept."""
+    names: list[str] = []
+    for item in _split_top(text.strip(), variable):
+        parts = re.split(r"(\[[^\]]*\])", item)
+        choices: list[list[str]] = []
+        for part in parts:
+            if part.startswith("["):
+                choices.append(_ranges(part[1:-1], variable, text))
+            elif "[" in part or "]" in part or not re.fullmatch(r"[\w.-]*", part):
+                raise AllocationError(_bad(variable, text, "host[01-04,07],other"))
+            else:
+                choices.append([part])
+        names += ["".join(combo) for combo in itertools.product(*choices)]
+    return names
+
+
+def _split_top(text: str, variable: str) -> list[str]:
+    """Split at the commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth not in (0, 1):
+            raise AllocationError(_bad(variable, text, "host[01-04,07],other"))
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    if depth or not text or any(not item for item in items):
+        raise AllocationError(_bad(variable, text, "host[01-04,07],other"))
+    return items
+
+
+def _ranges(inner: str, variable: str, text: str) -> list[str]:
+    out: list[str] = []
+    for piece in inner.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece)
+        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise AllocationError(_bad(variable, text, "host[01-04,07]"))
+        low, high = match.group(1), match.group(2) or match.group(1)
+        out += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+    return out
+
+
+def expand_counts(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """Slurm's per-node counts (``4(x2),2`` is 4, 4, 2)."""
+    counts: list[int] = []
+    for piece in text.strip().split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", piece.strip())
+        if not match or int(match.group(1)) < 1:
+            raise AllocationError(_bad(variable, text, "4(x2),2 (4 on each of 2 nodes, then 2)"))
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def _bad(variable: str, value: str, form: str) -> str:
+    return f"{variable}={value!r} cannot be read; expected the form {form}"
+
+
+def slurm(env: Mapping[str, str]) -> Allocation | None:
+    """A Slurm job's nodes and tasks per node (inside ``sbatch`` or ``salloc``)."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    variable = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    names = expand_nodelist(nodelist, variable)
+    origin = f"{variable}={nodelist}"
+    if env.get("SLURM_TASKS_PER_NODE"):
+        counts = expand_counts(env["SLURM_TASKS_PER_NODE"])
+        origin += f", SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']}"
+        where = "SLURM_TASKS_PER_NODE"
+    elif env.get("SLURM_JOB_CPUS_PER_NODE"):
+        # No tasks asked for: one rank per CPU, or per --cpus-per-task CPUs.
+        per_task = int(env.get("SLURM_CPUS_PER_TASK") or 1)
+        cpus = expand_counts(env["SLURM_JOB_CPUS_PER_NODE"], "SLURM_JOB_CPUS_PER_NODE")
+        counts = [max(1, c // per_task) for c in cpus]
+        origin += f", SLURM_JOB_CPUS_PER_NODE={env['SLURM_JOB_CPUS_PER_NODE']}"
+        where = "SLURM_JOB_CPUS_PER_NODE"
+    else:
+        counts = [1] * len(names)
+        where = ""
+    if len(counts) != len(names):
+        raise AllocationError(
+            f"{where}={env[where]!r} gives {len(counts)} node(s) but {variable}={nodelist!r} "
+            f"lists {len(names)}; both describe the same nodes"
+        )
+    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+    if ntasks and where == "SLURM_TASKS_PER_NODE" and int(ntasks) != sum(counts):
+        raise AllocationError(
+            f"SLURM_TASKS_PER_NODE={env[where]!r} adds up to {sum(counts)} tasks but "
+            f"SLURM_NTASKS={ntasks}; the job's variables disagree (were they set by hand?)"
+        )
+    source = f"Slurm ({variable})"
+    hosts = tuple(Host(n, c, source=source) for n, c in zip(names, counts, strict=True))
+    return Allocation("Slurm", hosts, origin, env.get("SLURM_JOB_ID"), _slurm_gpus(env))
+
+
+def _slurm_gpus(env: Mapping[str, str]) -> int | None:
+    for variable in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        value = env.get(variable, "")
+        match = re.fullmatch(r"(?:[\w-]+:)?(\d+)", value)  # "2" or "a100:2"
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def _per_slot_lines(text: str, source: str, scheduler: str) -> tuple[Host, ...]:
+    """One line per slot (PBS_NODEFILE, LSB_DJOB_HOSTFILE): hosts in first-seen order."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        raise AllocationError(f"{source}: no hosts in it; the {scheduler} job has no slots")
+    return tuple(Host(n, c, source=source) for n, c in counts.items())
+
+
+def _read(path: str, variable: str, read: Callable[[str], str]) -> str:
+    try:
+        return read(path)
+    except OSError as exc:
+        raise AllocationError(f"{variable}={path}: cannot read it: {exc.strerror or exc}") from None
+
+
+def pbs(env: Mapping[str, str], read: Callable[[str], str]) -> Allocation | None:
+    path = env.get("PBS_NODEFILE")
+    if not path:
+        return None
+    hosts = _per_slot_lines(_read(path, "PBS_NODEFILE", read), path, "PBS")
+    return Allocation("PBS", hosts, f"PBS_NODEFILE={path}", env.get("PBS_JOBID"))
+
+
+def lsf(env: Mapping[str, str], read: Callable[[str], str]) -> Allocation | None:
+    job = env.get("LSB_JOBID")
+    if env.get("LSB_DJOB_HOSTFILE"):
+        path = env["LSB_DJOB_HOSTFILE"]
+        hosts = _per_slot_lines(_read(path, "LSB_DJOB_HOSTFILE", read), path, "LSF")
+        return Allocation("LSF", hosts, f"LSB_DJOB_HOSTFILE={path}", job)
+    value = env.get("LSB_MCPU_HOSTS", "").split()
+    if not value:
+        return None
+    if len(value) % 2 or not all(n.isdigit() and int(n) > 0 for n in value[1::2]):
+        raise AllocationError(_bad("LSB_MCPU_HOSTS", " ".join(value), "host1 4 host2 4"))
+    pairs = zip(value[::2], value[1::2], strict=True)
+    hosts = tuple(Host(n, int(c), source="LSB_MCPU_HOSTS") for n, c in pairs)
+    return Allocation("LSF", hosts, f"LSB_MCPU_HOSTS={' '.join(value)}", job)
+
+
+def mpijob(
+    env: Mapping[str, str], read: Callable[[str], str], exists: Callable[[str], bool]
+) -> Allocation | None:
+    """Kubeflow's MPI Operator mounts the job's hostfile in the launcher pod and points Open
+    MPI at it."""
+    path = env.get("OMPI_MCA_orte_default_hostfile") or MPIJOB_HOSTFILE
+    if not exists(path):
+        return None
+    text = _read(path, path, read)
+    hosts = tuple(parse_hostfile_text(text, path))
+    return Allocation("Kubernetes MPIJob", hosts, path)
+
+
+def detect(
+    env: Mapping[str, str] | None = None,
+    read: Callable[[str], str] = lambda p: Path(p).read_text(),
+    exists: Callable[[str], bool] = os.path.exists,
+) -> Allocation | None:
+    """The allocation this process runs in, or None outside any (Slurm first, then PBS, LSF
+    and an MPIJob's hostfile)."""
+    env = os.environ if env is None else env
+    return slurm(env) or pbs(env, read) or lsf(env, read) or mpijob(env, read, exists)

@@ -1,0 +1,162 @@
+"""hvdkit.launch.allocation on the schedulers' real formats (pure: no scheduler runs here; the
+real Slurm test is tests/test_slurm.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdkit.launch.allocation import (
+    AllocationError,
+    detect,
+    expand_counts,
+    expand_nodelist,
+)
+from hvdkit.launch import direct
+from hvdkit.launch.hostfile import HostfileError
+
+
+def files(contents: dict[str, str]):
+    def read(path: str) -> str:
+        if path not in contents:
+            raise FileNotFoundError(2, "No such file or directory")
+        return contents[path]
+
+    return read, contents.__contains__
+
+
+@pytest.mark.parametrize(
+    "text, names",
+    [
+        ("node01", ["node01"]),
+        (
+            "node[01-04,07],gpu-a[1-2]",
+            ["node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"],
+        ),  # fmt: skip
+        ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("a,b,c[5]", ["a", "b", "c5"]),
+        ("10.77.0.2,10.77.0.3", ["10.77.0.2", "10.77.0.3"]),
+    ],
+)
+def test_slurm_nodelists_expand_like_scontrol_show_hostnames(text, names):
+    assert expand_nodelist(text) == names
+
+
+@pytest.mark.parametrize("text", ["node[01-", "node[3-1]", "node[a-b]", "a,,b", "n]1[", "a b"])
+def test_a_nodelist_that_does_not_parse_names_the_variable_and_value(text):
+    with pytest.raises(AllocationError, match=r"SLURM_JOB_NODELIST=.*expected the form"):
+        expand_nodelist(text)
+
+
+def test_tasks_per_node_repeat_counts():
+    assert expand_counts("4(x2),2") == [4, 4, 2]
+    assert expand_counts("1") == [1]
+    with pytest.raises(AllocationError, match=r"SLURM_TASKS_PER_NODE='4\(x\)'"):
+        expand_counts("4(x)")
+
+
+def test_slurm_job_gives_hosts_slots_gpus_and_one_line_saying_where_from():
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[01-02],gpu-a1",
+           "SLURM_TASKS_PER_NODE": "4(x2),2", "SLURM_NTASKS": "10",
+           "SLURM_GPUS_ON_NODE": "4"}  # fmt: skip
+    alloc = detect(env, *files({}))
+    assert [(h.name, h.slots) for h in alloc.hosts] == [("node01", 4), ("node02", 4), ("gpu-a1", 2)]
+    assert alloc.slots == 10 and alloc.gpus_per_node == 4 and alloc.scheduler == "Slurm"
+    assert alloc.describe() == (
+        "hosts from the Slurm job 4242 allocation (SLURM_JOB_NODELIST=node[01-02],gpu-a1, "
+        "SLURM_TASKS_PER_NODE=4(x2),2): node01:4, node02:4, gpu-a1:2"
+    )
+
+
+def test_slurm_without_tasks_uses_cpus_per_node_over_cpus_per_task():
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_CPUS_PER_NODE": "8(x2)",
+           "SLURM_CPUS_PER_TASK": "4"}  # fmt: skip
+    assert [h.slots for h in detect(env, *files({})).hosts] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"},
+         r"SLURM_TASKS_PER_NODE='2\(x2\)' gives 2 node\(s\) but SLURM_JOB_NODELIST='n\[1-3\]' "
+         r"lists 3"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "3"},
+         r"adds up to 4 tasks but SLURM_NTASKS=3"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "0(x2)"},
+         r"SLURM_TASKS_PER_NODE='0\(x2\)' cannot be read"),
+    ],
+)  # fmt: skip
+def test_slurm_variables_that_disagree_are_named(env, message):
+    with pytest.raises(AllocationError, match=message):
+        detect(env, *files({}))
+
+
+def test_pbs_nodefile_has_one_line_per_slot():
+    text = "cn01.cluster\ncn01.cluster\ncn02.cluster\ncn02.cluster\ncn01.cluster\n"
+    env = {"PBS_NODEFILE": "/var/spool/pbs/aux/77.pbs", "PBS_JOBID": "77.pbs"}
+    alloc = detect(env, *files({"/var/spool/pbs/aux/77.pbs": text}))
+    assert [(h.name, h.slots) for h in alloc.hosts] == [("cn01.cluster", 3), ("cn02.cluster", 2)]
+    assert alloc.describe().startswith("hosts from the PBS job 77.pbs allocation (PBS_NODEFILE=")
+    with pytest.raises(AllocationError, match=r"PBS_NODEFILE=/nope: cannot read it"):
+        detect({"PBS_NODEFILE": "/nope"}, *files({}))
+    with pytest.raises(AllocationError, match=r"/e: no hosts in it"):
+        detect({"PBS_NODEFILE": "/e"}, *files({"/e": "\n"}))
+
+
+def test_lsf_hostfile_then_mcpu_hosts():
+    alloc = detect({"LSB_DJOB_HOSTFILE": "/h", "LSB_JOBID": "9"}, *files({"/h": "a\na\nb\n"}))
+    assert [(h.name, h.slots) for h in alloc.hosts] == [("a", 2), ("b", 1)]
+    alloc = detect({"LSB_MCPU_HOSTS": "hostA 4 hostB 2"}, *files({}))
+    assert [(h.name, h.slots) for h in alloc.hosts] == [("hostA", 4), ("hostB", 2)]
+    with pytest.raises(AllocationError, match=r"LSB_MCPU_HOSTS='hostA 4 hostB'"):
+        detect({"LSB_MCPU_HOSTS": "hostA 4 hostB"}, *files({}))
+
+
+def test_mpijob_hostfile_from_the_mpi_operator():
+    # What MPI Operator v2 writes for 2 workers with slotsPerWorker: 2.
+    text = ("job-worker-0.job.default.svc slots=2\n"
+            "job-worker-1.job.default.svc slots=2\n")  # fmt: skip
+    alloc = detect({}, *files({"/etc/mpi/hostfile": text}))
+    assert alloc.scheduler == "Kubernetes MPIJob" and alloc.slots == 4
+    with pytest.raises(HostfileError, match=r"/etc/mpi/hostfile:1: slots must be a whole"):
+        detect({}, *files({"/etc/mpi/hostfile": "w0 slots=0\n"}))
+
+
+def test_outside_any_allocation_nothing_is_detected():
+    assert detect({"HOME": "/root", "PATH": "/bin"}, *files({})) is None
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0"}  # fmt: skip
+
+
+@pytest.mark.parametrize("mpi_built", [False, True])
+def test_srun_tasks_without_a_launcher_are_stopped_with_the_fix(mpi_built):
+    message = direct.problem(SRUN_TASK, mpi_built)
+    assert message.startswith("srun started this script as task 1 of 2, but not through a")
+    assert "rank 0 of 1" in message and "hvdkit run -- python SCRIPT" in message
+    assert ("srun --mpi=pmix" in message) is mpi_built
+    with pytest.raises(direct.DirectStartError, match="task 1 of 2"):
+        direct.check(mpi_built, SRUN_TASK)
+
+
+def test_what_forms_one_job_is_let_through():
+    gloo = {**SRUN_TASK, "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"}  # horovodrun / hvdkit run
+    pmix = {**SRUN_TASK, "PMIX_RANK": "1"}  # srun --mpi=pmix: MPI forms the world
+    mpirun = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}
+    assert direct.problem(gloo, False) is None and direct.problem(gloo, True) is None
+    assert direct.problem(pmix, True) is None and direct.problem(mpirun, True) is None
+    # One task, or a batch script's own shell (no SLURM_PROCID): nothing to join.
+    assert (
+        direct.problem({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}, False)
+        is None
+    )
+    assert direct.problem({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "4"}, False) is None
+    assert direct.problem({}, False) is None
+
+
+def test_mpirun_without_mpi_in_horovod_is_stopped():
+    message = direct.problem({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, False)
+    assert "an MPI launcher started 2 processes (OMPI_COMM_WORLD_SIZE=2)" in message
+    assert "this Horovod has no MPI" in message and "hvdkit run -np N" in message
