@@ -3,6 +3,8 @@ real Slurm test is tests/test_slurm.py)."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from hvdkit.launch.allocation import (
@@ -160,3 +162,36 @@ def test_mpirun_without_mpi_in_horovod_is_stopped():
     message = direct.problem({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"}, False)
     assert "an MPI launcher started 2 processes (OMPI_COMM_WORLD_SIZE=2)" in message
     assert "this Horovod has no MPI" in message and "hvdkit run -np N" in message
+
+
+def test_ranks_stop_at_the_same_step_one_step_after_any_rank_got_the_signal():
+    """Two ranks' Preemption objects over a fake max-allreduce: rank 1 alone is signalled
+    after step 2; both say stop after step 4 (the value started after step 3 is read then)."""
+    from hvdkit import preempt
+
+    sent: list[list[int]] = []
+
+    def start(flag: int) -> int:
+        if not sent or len(sent[-1]) == 2:
+            sent.append([])
+        sent[-1].append(flag)
+        return len(sent) - 1
+
+    ranks = [preempt.Preemption(start, lambda h: max(sent[h])) for _ in range(2)]
+    for step in range(1, 10):
+        answers = [r.step_done() for r in ranks]
+        assert answers[0] == answers[1]
+        if answers[0]:
+            break
+        if step == 2:
+            ranks[1].received = signal.SIGUSR1
+    assert step == 4
+    assert ranks[0].describe() == "SIGUSR1"
+
+
+def test_relay_finds_the_guards_below_horovodrun():
+    from hvdkit.launch.preemption import descendants
+
+    parents = {10: 1, 11: 10, 12: 11, 13: 10, 20: 1, 21: 20}
+    assert descendants(parents, 10) == {11, 12, 13}
+    assert descendants(parents, 12) == set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import sys
@@ -116,6 +117,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     options.add_ssh_options(parser)
     parser.add_argument(
+        "--requeue",
+        action="store_true",
+        help="inside a Slurm job: when a SIGTERM/SIGUSR1 made the job checkpoint and stop, "
+        "requeue it (scontrol requeue $SLURM_JOB_ID); the next run resumes",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="start nothing; print the command, rank map and environment",
@@ -182,10 +189,13 @@ def run_command(args: argparse.Namespace) -> int:
     from hvdkit.launch.elastic import ElasticError
     from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
     from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe
+    from hvdkit.launch.preemption import requeue_problem
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if args.json and not args.dry_run:
         return _fail("--json goes with --dry-run")
+    if args.requeue and (problem := requeue_problem(os.environ)):
+        return _fail(problem)
     if args.ssh_identity_file and not SAFE_PATH.match(args.ssh_identity_file):
         return _fail(
             f"--ssh-identity-file {args.ssh_identity_file!r}: horovodrun hands this path to a "
@@ -247,7 +257,9 @@ def run_command(args: argparse.Namespace) -> int:
     problem = _gpu_problem(plan)
     if problem:
         return _fail(problem)
-    return runner.execute(plan, output_dir=args.output_dir, verbose=args.verbose)
+    return runner.execute(
+        plan, output_dir=args.output_dir, verbose=args.verbose, requeue=args.requeue
+    )
 
 
 def _gpu_problem(plan: LaunchPlan) -> str | None:

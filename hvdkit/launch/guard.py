@@ -1,6 +1,7 @@
 """``python -m hvdkit.launch.guard -- CMD ...``: what each rank runs under ``hvdkit run``.
 
-It starts CMD, passes on SIGINT/SIGTERM/SIGHUP, and exits with CMD's status. Its point is the
+It starts CMD, passes on SIGINT/SIGTERM/SIGHUP/SIGUSR1 (SIGUSR1: a preemption warning, which
+``hvdkit run`` relays to this host's guards), and exits with CMD's status. Its point is the
 remote case: when the launcher is interrupted, horovodrun kills its ``ssh`` clients, but sshd
 does not signal a command that has no terminal, so a rank on another host would keep running.
 The guard stops CMD once the session that started it is gone, so Ctrl-C stops every rank on
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if child.poll() is None:
             child.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, forward)
     while True:
         broken = watch.poll(POLL_S * 1000)

@@ -11,11 +11,14 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from hvdkit import preempt
 from hvdkit.build.config import CONTROLLERS, Controller
+from hvdkit.launch import preemption
 from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.elastic_report import SUMMARY
 from hvdkit.launch.horovodrun import END
@@ -24,6 +27,9 @@ from hvdkit.launch.plan import LaunchPlan
 
 STOP_GRACE_S = 10.0
 ORPHAN_WAIT_S = 15.0
+PREEMPT_GRACE_S = 300.0
+"""After a SIGTERM/SIGUSR1 passed on to the ranks: how long they have to reach a step boundary
+and checkpoint before hvdkit stops them (a second signal, or Ctrl-C, stops them at once)."""
 
 
 def _marked(code: int) -> bool:
@@ -76,6 +82,7 @@ class Console:
         self.gpu = Path("/dev/nvidiactl").exists()
         self.held: list[str] = []
         self.summarised = False
+        self.preempted: str | None = None  # rank 0's line after its preemption checkpoint
         self._lock = threading.Lock()
         self._progress_on: TextIO | None = None
 
@@ -85,6 +92,10 @@ class Console:
             return
         if not piece.progress:
             self.output.record(piece.rank, piece.stream, piece.text)
+        if piece.rank in (0, None) and piece.text.startswith(preempt.MARKER):
+            self.preempted = piece.text
+        elif self.preempted is not None and preempt.AFTERMATH.match(piece.text):
+            return  # horovodrun's account of the ranks' exit 75: expected, not a failure
         if piece.rank is None and piece.text.startswith(SUMMARY):
             self.summarised = True  # said why the elastic job stopped: no rank to guess
         elif (
@@ -141,9 +152,13 @@ def launcher_argv(plan: LaunchPlan) -> list[str]:
     return [sys.executable, "-m", "hvdkit.launch.horovodrun", *plan.argv[1:]]
 
 
-def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = False) -> int:
+def execute(
+    plan: LaunchPlan, output_dir: str | None = None, verbose: bool = False, requeue: bool = False
+) -> int:
     """Run the job; returns its exit status (non-zero if any rank failed), after printing
-    which rank failed, on which host, with the tail of its stderr."""
+    which rank failed, on which host, with the tail of its stderr. A SIGTERM or SIGUSR1 is
+    passed on to the ranks (:mod:`hvdkit.preempt`): if they checkpoint and stop, the status is
+    ``hvdkit.preempt.EXIT_CODE`` and with ``requeue`` the Slurm job is requeued."""
     output = RankOutput()
     env = {**os.environ, **plan.env}
     # Own session: a Ctrl-C reaches hvdkit only, which stops horovodrun in order (the ranks
@@ -169,9 +184,10 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
     for pump in pumps:
         pump.start()
     interrupted = False
+    warned = _Warning(proc.pid)
     try:
-        with _terminate_as_interrupt():
-            code = proc.wait()
+        with _signals_handled(warned):
+            code = warned.wait(proc)
     except KeyboardInterrupt:
         interrupted = True
         print("\nhvdkit run: interrupted, stopping every rank ...", file=sys.stderr, flush=True)
@@ -186,6 +202,17 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
     for event in done:
         if not event.wait(timeout=None if _marked(code) else ORPHAN_WAIT_S):
             break
+    if console.preempted is not None:
+        print(f"hvdkit run: the job checkpointed and every rank stopped; exit "
+              f"{preempt.EXIT_CODE}", file=sys.stderr, flush=True)  # fmt: skip
+        if requeue:
+            print(f"hvdkit run: {preemption.requeue(os.environ)}", file=sys.stderr, flush=True)
+        return preempt.EXIT_CODE
+    if code != 0 and warned.name:
+        print(f"hvdkit run: stopped by {warned.name} (no hvdkit session checkpointed: give "
+              "setup() a checkpoint= path to resume after a preemption)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 130
     if code != 0 and console.summarised:
         pass  # an elastic job: horovodrun's wrapper named the reason and the hosts lost
     elif code != 0:
@@ -203,16 +230,50 @@ def execute(plan: LaunchPlan, output_dir: str | None = None, verbose: bool = Fal
     return code
 
 
+class _Warning:
+    """A SIGTERM or SIGUSR1 (a scheduler's time limit or preemption warning, CI's timeout):
+    the first is passed on to the ranks here, which checkpoint at their next step and stop
+    (hvdkit sessions; a plain script just ends); a second, or the ranks not done within
+    :data:`PREEMPT_GRACE_S`, stops the job as Ctrl-C does."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.name: str | None = None
+        self.at = 0.0
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.name is not None:
+            raise KeyboardInterrupt
+        self.name, self.at = signal.Signals(signum).name, time.monotonic()
+        ranks = preemption.relay(self.root, signum)
+        print(f"hvdkit run: {self.name}: passed on to the {ranks} rank(s) here; hvdkit "
+              "sessions checkpoint at their next step and stop (again to stop at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        while True:
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                if self.name is not None and time.monotonic() - self.at > PREEMPT_GRACE_S:
+                    raise KeyboardInterrupt from None
+
+
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a batch system's or CI's timeout, a closed terminal) stop the job as
-    Ctrl-C does. By default they would end hvdkit alone and leave horovodrun and every rank
+def _signals_handled(warned: _Warning) -> Iterator[None]:
+    """SIGTERM and SIGUSR1 go to ``warned``; SIGHUP (a closed terminal) stops the job as
+    Ctrl-C does. By default these would end hvdkit alone and leave horovodrun and every rank
     running in their own session."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    handlers: dict[signal.Signals, Callable[[int, Any], None]] = {
+        signal.SIGTERM: warned,
+        signal.SIGUSR1: warned,
+        signal.SIGHUP: interrupt,
+    }
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield
     finally:

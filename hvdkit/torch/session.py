@@ -10,7 +10,7 @@ import horovod.torch as hvd
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
-from hvdkit import rank_zero, sync
+from hvdkit import preempt, rank_zero, sync
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.devices import cores_per_process
 from hvdkit.elastic import SessionElastic
@@ -49,6 +49,25 @@ class _ElasticSampler(Sampler[int]):
         return len(self._rows())
 
 
+class _ResumableSampler(Sampler[int]):
+    """A ``DistributedSampler`` that can leave out the first ``skip`` samples of its epoch: a
+    job resumed from a mid-epoch (preemption) checkpoint goes on with the next batch."""
+
+    def __init__(self, inner: DistributedSampler) -> None:
+        self.inner, self.skip = inner, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        # Once: DataLoader asks for the indices at its first batch, not when iterated.
+        skip, self.skip = self.skip, 0
+        return iter(list(self.inner)[skip:])
+
+    def __len__(self) -> int:
+        return max(0, len(self.inner) - self.skip)
+
+
 class _EpochLoader:
     """A DataLoader whose sampler is told the session's epoch each time it is iterated, so
     every epoch is shuffled differently and identically on every rank. In an elastic session
@@ -58,10 +77,21 @@ class _EpochLoader:
         self.loader, self.sampler, self.session = loader, sampler, session
 
     def __iter__(self) -> Iterator[Any]:
-        elastic = self.session._elastic
+        elastic, session = self.session._elastic, self.session
         if elastic is None:
-            self.sampler.set_epoch(self.session.epoch)
-            yield from self.loader
+            self.sampler.set_epoch(session.epoch)
+            done = session._take_resume_batches()
+            self.sampler.skip = done * (self.loader.batch_size or 1)
+            # The checkpoint holds the RNG as it was mid-epoch, after the iterator drew its
+            # seed at the epoch's start: a resumed epoch's iterator must not draw again.
+            state = torch.random.get_rng_state() if done else None
+            batches = iter(self.loader)
+            if state is not None:
+                torch.random.set_rng_state(state)
+            session._epoch_batches = done
+            for batch in batches:
+                session._epoch_batches += 1
+                yield batch
             return
         while True:
             generation = elastic.generation
@@ -90,6 +120,19 @@ class Session:
         self._offset = 0  # samples of this epoch done by all ranks (elastic)
         self._batch_samples = 0
         self._elastic: SessionElastic | None = None
+        self._epoch_batches = 0  # batches of this epoch handed out (a preemption's position)
+        self._resume_batches = self._pop_preempted()
+        self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
+        self._preempt: preempt.Preemption | None = None
+        if adapter.config.checkpoint is not None and not adapter.config.elastic:
+            # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary.
+            self._preempt = preempt.Preemption(
+                lambda flag: hvd.allreduce_async(
+                    torch.tensor([flag], dtype=torch.int32), op=hvd.Max, name="hvdkit.preempt"
+                ),
+                lambda handle: int(hvd.synchronize(handle)[0]),
+            )
+            self._preempt.install()
         if adapter.config.elastic:
             self._elastic = SessionElastic(
                 hvd,
@@ -104,6 +147,34 @@ class Session:
         assert self._adapter.topology is not None
         self.topology = self._adapter.topology
         self._steps = 0  # every rank, joined or not, checks the sync after its next step
+
+    def _pop_preempted(self) -> int:
+        """The batches of the resumed epoch a preempted run had done (from its checkpoint)."""
+        if not self.resumed or preempt.EXTRA not in self.resumed:
+            return 0
+        extra = dict(self.resumed)
+        done = int(extra.pop(preempt.EXTRA)["batches"])
+        self.resumed = extra
+        return done
+
+    def _take_resume_batches(self) -> int:
+        done, self._resume_batches = self._resume_batches, 0
+        return done
+
+    def _stop_if_preempted(self) -> None:
+        """At a step boundary: after a SIGTERM/SIGUSR1 on any rank, every rank checkpoints
+        (mid-epoch, with the batch position) and exits with :data:`hvdkit.preempt.EXIT_CODE`."""
+        if self._preempt is None or not self._preempt.step_done():
+            return
+        position = {"batches": self._epoch_batches, "signal": self._preempt.describe()}
+        path = self.save(end_of_epoch=False, **self._extra, **{preempt.EXTRA: position})
+        self.print(
+            preempt.announce(
+                self._preempt.describe(), self.epoch, self._epoch_batches, self.step_count, path
+            ),
+            flush=True,
+        )
+        raise preempt.Preempted()
 
     model = property(lambda self: self._adapter.model)
     optimizer = property(lambda self: self._adapter.optimizer)
@@ -193,13 +264,15 @@ class Session:
             length = len(cast(Sized, dataset))
             sampler = _ElasticSampler(length, self, shuffle, seed, drop_last)
         else:
-            sampler = DistributedSampler(
-                dataset,
-                num_replicas=self.size,
-                rank=self.rank,
-                shuffle=shuffle,
-                seed=seed,
-                drop_last=drop_last,
+            sampler = _ResumableSampler(
+                DistributedSampler(
+                    dataset,
+                    num_replicas=self.size,
+                    rank=self.rank,
+                    shuffle=shuffle,
+                    seed=seed,
+                    drop_last=drop_last,
+                )
             )
         if num_workers is None:
             num_workers = (
@@ -234,6 +307,7 @@ class Session:
         self._steps += 1
         if self._steps == 1:
             self.check_sync("after the first step")
+        self._stop_if_preempted()
         if self._elastic is not None and self._elastic.step_done():
             self._elastic.commit()
         return norm
@@ -252,6 +326,8 @@ class Session:
         ``session.resumed`` on resume. At the end of an epoch, resuming starts at the next
         epoch; mid-epoch (``end_of_epoch=False``) it restarts the current one, so keep the
         batch position in ``extra`` to skip what was done."""
+        if preempt.EXTRA not in extra:
+            self._extra = dict(extra)
         _, path = self._collective(
             lambda: self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(end_of_epoch)),
             again=True,

@@ -6,7 +6,9 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +61,9 @@ def train(args):
             noise = 1e-3 * torch.randn_like(xb)  # consumes RNG: resume must restore it
             loss = F.cross_entropy(session.model(xb + noise), yb)
             session.backward_and_step(loss)
+            if session.step_count == args.signal_at and hvd.rank() == args.signal_rank:
+                os.kill(os.getpid(), signal.SIGUSR1)  # as a scheduler's warning to one rank
+            time.sleep(args.step_delay)
             total += loss.item() * len(xb)
             count += len(xb)
         session.scheduler.step()
@@ -228,6 +233,9 @@ def main():
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--ranks-differ", action="store_true")
     parser.add_argument("--hidden", type=int, default=16)
+    parser.add_argument("--signal-at", type=int, help="train: SIGUSR1 to itself after step N")
+    parser.add_argument("--signal-rank", type=int, default=1)
+    parser.add_argument("--step-delay", type=float, default=0.0)
     args = parser.parse_args()
     modes = {
         "train": train,

@@ -1,0 +1,107 @@
+"""Preemption and time limits: on SIGTERM or SIGUSR1 (a scheduler's warning, e.g. Slurm's
+``--signal=B:USR1@90``), the sessions checkpoint at the next step boundary and every rank
+exits with :data:`EXIT_CODE`; ``hvdkit run`` exits with it too (and with ``--requeue``
+inside Slurm, requeues the job).
+
+A signal may reach only some ranks (Slurm signals its own tasks; a rank started over ssh gets
+nothing, only what ``hvdkit run`` relays to this host's ranks), so the ranks agree through a
+one-integer allreduce (max) per step. It is started asynchronously after step ``n`` and read
+after step ``n + 1``: every rank reads the same value at the same step, and the collective
+overlaps a whole step. The cost is one step of delay between the signal and the checkpoint.
+
+:class:`Preemption` is pure but for the signal handlers; the collectives are passed in.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+EXIT_CODE = 75
+"""What every rank, and ``hvdkit run``, exit with after a preempted job checkpointed (BSD's
+EX_TEMPFAIL: run it again to resume)."""
+
+MARKER = "hvdkit: preempted"
+"""Rank 0's last line after it checkpointed; ``hvdkit run`` reads it from the job's output."""
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+AFTERMATH = re.compile(
+    r"^(Process \d+ exit with status code (75|143)\.|Terminating remaining workers after failure "
+    r"of Process \d+\.|Terminated)$"
+)
+"""What horovodrun and the shell say as the ranks exit after a preemption checkpoint (the
+first rank out makes horovodrun stop the rest, which are past the checkpoint by then)."""
+
+EXTRA = "hvdkit.preempted"
+"""The checkpoint's ``extra`` entry for a preempted run's position (not shown in ``resumed``)."""
+
+
+class Preempted(SystemExit):
+    """Raised on every rank once the job has checkpointed after a signal; exits the script
+    with :data:`EXIT_CODE` unless caught."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_CODE)
+
+
+class Preemption:
+    """A flag set by SIGTERM/SIGUSR1 and the per-step agreement on it.
+
+    ``start(flag)`` starts the max-allreduce of this rank's flag and returns a handle;
+    ``finish(handle)`` waits for it and returns the maximum over the ranks."""
+
+    def __init__(self, start: Callable[[int], Any], finish: Callable[[Any], int]) -> None:
+        self._start, self._finish = start, finish
+        self.received: int | None = None  # the signal this rank got
+        self.agreed: int | None = None  # the largest signal number any rank got
+        self._pending: Any = None
+        self._installed: dict[int, Any] = {}
+
+    def install(self) -> bool:
+        """Handle SIGTERM and SIGUSR1 here, where they still have Python's default action (a
+        script's own handlers are kept). A second signal of the same kind acts as if hvdkit
+        had not been there (SIGTERM ends the process at once). Main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in SIGNALS:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                self._installed[sig] = signal.signal(sig, self._on_signal)
+        return bool(self._installed)
+
+    def uninstall(self) -> None:
+        for sig, previous in self._installed.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, previous)
+        self._installed.clear()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.received = signum
+        signal.signal(signum, signal.SIG_DFL)
+
+    def step_done(self) -> bool:
+        """Call after every optimizer step, on every rank: whether the job is to checkpoint
+        and stop now (the same answer on every rank)."""
+        stop = False
+        if self._pending is not None:
+            self.agreed = self._finish(self._pending)
+            self._pending, stop = None, self.agreed > 0
+        if not stop:
+            self._pending = self._start(0 if self.received is None else int(self.received))
+        return stop
+
+    def describe(self) -> str:
+        """Which signal stopped the job (the largest number any rank got)."""
+        return signal.Signals(self.agreed).name if self.agreed else "a signal"
+
+
+def announce(by: str, epoch: int, batches: int, step: int, path: Any) -> str:
+    """Rank 0's last line (it starts with :data:`MARKER`)."""
+    return (
+        f"{MARKER} ({by}) at epoch {epoch + 1}, batch {batches} (step {step}): checkpoint "
+        f"{path}; "
+        "run the same command again to resume from it"
+    )
