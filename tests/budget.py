@@ -52,6 +52,8 @@ BUDGETED: dict[str, float] = {
     "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
     "[torch-float]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
+    "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGTERM]": 45,
+    "test_direct_start.py::test_srun_style_start_stops_every_task_with_the_fix[keras]": 20,
     "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 25,
     "test_torch_adapter.py::test_gradient_accumulation_matches_one_big_step": 15,
     "test_torch_adapter.py::test_uneven_shards_finish_and_checkpoint_once": 15,

@@ -5,6 +5,7 @@ version (``--signal``, ``--requeue``) is in tests/test_slurm.py."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -72,3 +73,22 @@ def test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75(tmp_path, sig):
     assert f"hvdkit: preempted ({sig})" in out
     resumed = finished(train(tmp_path / "ckpt.pt"))
     assert resumed["steps"] == 16
+
+
+def test_keras_checkpoints_after_the_signal_and_the_next_run_repeats_that_epoch(tmp_path):
+    """hvdkit.keras.setup's checkpoint callback: rank 1 alone signalled after step 5 (4 steps
+    an epoch); both ranks checkpoint after step 7 and exit 75; the next run starts at epoch 2
+    again (Keras's fit cannot start mid-epoch) and ends with equal weights on both ranks."""
+    argv = [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable,
+            str(WORKERS / "keras_worker.py"), "resume", str(tmp_path), "3"]  # fmt: skip
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    stopped = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
+                             env={**env, "HVDKIT_TEST_SIGNAL_AT": "5"})  # fmt: skip
+    assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert "hvdkit: preempted (SIGUSR1) at epoch 2, batch 3 (step 7)" in stopped.stdout
+    assert "RESULT" not in stopped.stdout
+    resumed = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    by_rank = results(resumed)
+    assert by_rank[0]["ran"] == by_rank[1]["ran"] == [1, 2]
+    assert by_rank[0]["digest"] == by_rank[1]["digest"]

@@ -12,12 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import keras
+import numpy as np
 
-from hvdkit import rank_zero, sync
+from hvdkit import preempt, rank_zero, sync
 from hvdkit.checkpoint import atomic_path
 from hvdkit.core import SetupConfig
 from hvdkit.keras import backend
 from hvdkit.keras.adapter import KerasAdapter
+from hvdkit.keras.backend import allgather_numpy
 from hvdkit.keras.lr import LearningRateScheduleCallback, LearningRateWarmupCallback
 from hvdkit.keras.metrics import install_metric_averaging
 
@@ -206,12 +208,19 @@ class BackupAndRestore(keras.callbacks.Callback):
     ``filepath``, atomically. When training starts, rank 0 reads that file if it exists and
     every rank gets its state by broadcast (no shared filesystem needed); ``fit`` then goes on
     from the next epoch. A bad or mismatched file stops every rank with a message naming it.
+
+    On SIGTERM or SIGUSR1 (a scheduler's preemption warning, :mod:`hvdkit.preempt`) every rank
+    checkpoints after the next batch and exits with status 75. Keras's ``fit`` cannot start
+    mid-epoch, so the next run repeats that epoch from its first batch (the PyTorch session
+    goes on with the next batch).
     """
 
     def __init__(self, filepath: str | Path, root_rank: int = 0) -> None:
         super().__init__()
         self.filepath, self.root_rank = Path(filepath), root_rank
         self._adapter: KerasAdapter | None = None
+        self._preempt: preempt.Preemption | None = None
+        self._epoch = 0
 
     @classmethod
     def for_adapter(cls, adapter: KerasAdapter) -> BackupAndRestore:
@@ -228,6 +237,28 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._adapter.setup(resume_only=True)
         if self._adapter.epoch:
             self.model._initial_epoch = self._adapter.epoch
+        if self._adapter.config.elastic:
+            return  # an elastic job recovers from lost workers instead
+        self._preempt = preempt.Preemption(
+            lambda flag: int(allgather_numpy(np.array([flag]), name="hvdkit.preempt").max()),
+            lambda value: value,
+        )
+        self._preempt.install()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._preempt is None or not self._preempt.step_done():
+            return
+        assert self._adapter is not None
+        by = self._preempt.describe()
+        position = {"batches": batch + 1, "signal": by}
+        path = self._adapter.save_checkpoint({preempt.EXTRA: position}, next_epoch=self._epoch)
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        # On a line of its own: Keras's progress bar has not ended its line mid-epoch.
+        rank_zero.print0("\n" + preempt.announce(by, self._epoch, batch + 1, step, path))
+        raise preempt.Preempted()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         assert self._adapter is not None
@@ -235,6 +266,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._adapter.save_checkpoint(next_epoch=epoch + 1)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        if self._preempt is not None:
+            self._preempt.uninstall()
+            self._preempt = None
         # The next fit() in this process trains its own epochs from the start.
         self.model._initial_epoch = None
         if self._adapter is not None:

@@ -92,7 +92,7 @@ class Console:
             return
         if not piece.progress:
             self.output.record(piece.rank, piece.stream, piece.text)
-        if piece.rank in (0, None) and piece.text.startswith(preempt.MARKER):
+        if piece.rank in (0, None) and preempt.MARKER in piece.text:
             self.preempted = piece.text
         elif self.preempted is not None and preempt.AFTERMATH.match(piece.text):
             return  # horovodrun's account of the ranks' exit 75: expected, not a failure

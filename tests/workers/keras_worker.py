@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -203,6 +204,14 @@ def resume(base: str, epochs: int) -> None:
         def on_epoch_begin(self, epoch, logs=None):
             ran.append(epoch)
 
+    class SignalAt(keras.callbacks.Callback):
+        """HVDKIT_TEST_SIGNAL_AT=N: SIGUSR1 to rank 1 alone after optimizer step N."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            if hvd.rank() == 1 and str(step) == os.environ.get("HVDKIT_TEST_SIGNAL_AT"):
+                os.kill(os.getpid(), signal.SIGUSR1)
+
     best = hvd.callbacks.ModelCheckpoint("best.keras", monitor="loss", save_best_only=True)
     model.fit(
         x,
@@ -211,7 +220,7 @@ def resume(base: str, epochs: int) -> None:
         batch_size=16,
         shuffle=False,
         verbose=1,
-        callbacks=[*callbacks, best, Epochs()],
+        callbacks=[*callbacks, best, Epochs(), SignalAt()],
     )
     loaded_ok = None
     if hvd.rank() == 0:
