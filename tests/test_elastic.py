@@ -28,9 +28,10 @@ def elastic_job(
     script: str = "elastic_worker.py",
     env: dict[str, str] | None = None,
     timeout: float = 180,
+    hosts: str = "localhost:1\n127.0.0.1:1\n",
 ):
     hostfile = tmp_path / "hosts"
-    hostfile.write_text("localhost:1\n127.0.0.1:1\n")
+    hostfile.write_text(hosts)
     marker = tmp_path / "killed"
     argv = [HVDKIT, "run", "--hostfile", str(hostfile), *flags, "--", sys.executable,
             str(WORKERS / script), "--marker", str(marker), "--commit", str(COMMIT),
@@ -173,6 +174,34 @@ def test_survivors_below_min_np_fail_naming_the_lost_host(tmp_path):
     ), out.stderr[-3000:]
     assert "localhost (" not in out.stderr.split("Hosts lost:")[1]  # stopped by the driver
     assert "on host ?" not in out.stderr  # no guessed rank
+    assert elapsed < 90
+
+
+def test_one_host_elastic_job_starts_at_once_on_the_loopback_interface(tmp_path):
+    """Every host this machine and no --network-interface: Horovod's driver would wait out
+    --elastic-timeout (600 s) for a second host to compare interfaces; hvdkit gives it lo."""
+    out, killed, elapsed = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", worker=("--steps", "20"), hosts="localhost:2\n"
+    )
+    assert out.returncode == 0 and killed is None, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "every host is this machine: --network-interface lo" in out.stderr
+    ranks = finished(out)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and ranks[0]["digest"] == ranks[1]["digest"]
+    assert elapsed < 120
+
+
+def test_an_elastic_job_waiting_for_a_second_host_says_why(tmp_path):
+    """One other host and no --network-interface: a warning at once, and when the wait ends the
+    reason (not "a worker failed") with the fix."""
+    out, killed, elapsed = elastic_job(
+        tmp_path, "--min-np", "1", "--elastic-timeout", "5", hosts="hvdkit-nohost:2\n"
+    )
+    assert out.returncode != 0 and killed is None
+    err = out.stderr
+    assert "hvdkit run: warning: one host so far (hvdkit-nohost) and no --network-interface" in err
+    assert "hvdkit run: elastic job stopped: no start within 5 s (--elastic-timeout): Horovod's " \
+        "elastic driver waits for 2 hosts to compare their network interfaces" in err, err[-3000:]
+    assert "a worker failed" not in err and "Fix: --network-interface IFACE" in err
     assert elapsed < 90
 
 

@@ -186,7 +186,7 @@ def run_command(args: argparse.Namespace) -> int:
     from hvdkit.launch import runner
     from hvdkit.launch.allocation import detect
     from hvdkit.launch.discover import probe
-    from hvdkit.launch.elastic import ElasticError
+    from hvdkit.launch.elastic import ElasticError, elastic_interface
     from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
     from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe
     from hvdkit.launch.preemption import requeue_problem
@@ -230,13 +230,26 @@ def run_command(args: argparse.Namespace) -> int:
                 "give -np N (processes on this machine), or --hostfile FILE / -H h1:N; inside "
                 "a Slurm, PBS, LSF or MPIJob allocation hvdkit run reads its hosts itself"
             )
+        nic = args.network_interface
+        if elastic is not None:
+            name = socket.gethostname()
+            local = {"localhost", name, name.split(".")[0]}
+            nic, warning = elastic_interface(hosts, nic, local)
+            if warning:
+                print(f"hvdkit run: warning: {warning}", file=sys.stderr)
+            elif nic != args.network_interface:
+                print(
+                    f"hvdkit run: every host is this machine: --network-interface {nic} "
+                    "(Horovod's elastic driver would otherwise wait for a second host)",
+                    file=sys.stderr,
+                )
         config = LaunchConfig(
             command=(sys.executable, "-m", "hvdkit.launch.guard", "--", *command)
             if command
             else (),
             np=args.np,
             controller=args.controller,
-            network_interface=args.network_interface,
+            network_interface=nic,
             start_timeout=args.start_timeout,
             env=tuple(args.env),
             output_dir=args.output_dir,

@@ -94,6 +94,29 @@ class ElasticConfig:
         return out
 
 
+def elastic_interface(
+    hosts: list[Host], nic: str | None, local_names: set[str]
+) -> tuple[str | None, str | None]:
+    """The ``--network-interface`` an elastic job starts with, and a warning to print now.
+
+    Without one, Horovod's elastic driver compares the interfaces of two hosts before it
+    starts, so with fewer it waits out ``--elastic-timeout`` (600 s). Every host being this
+    machine, the loopback interface is the answer; one other host gets the warning at once."""
+    if nic:
+        return nic, None
+    names = {host.name for host in hosts}
+    if names and all(n in local_names or n.startswith("127.") for n in names):
+        return "lo", None
+    if len(names) < 2:
+        return None, (
+            f"one host so far ({', '.join(sorted(names)) or 'none'}) and no "
+            "--network-interface: Horovod's elastic driver waits (up to --elastic-timeout) for "
+            "a second host to compare network interfaces before it starts. To start on one "
+            "host, give --network-interface IFACE"
+        )
+    return None, None
+
+
 def hostfile_discovery(
     hostfile: str, slots_per_host: int | None = None, python: str = sys.executable
 ) -> str:

@@ -69,6 +69,7 @@ def install(report: Report) -> None:
     activate = ElasticDriver._activate_workers
     resume = ElasticDriver.resume
     stop = ElasticDriver.stop
+    wait = ElasticDriver.wait_for_available_slots
     blacklist = HostManager.blacklist
     init = ElasticDriver.__init__
 
@@ -137,6 +138,30 @@ def install(report: Report) -> None:
             _safely(note)
             raise
 
+    def wait_for_slots(self: Any, min_num_proc: int, min_hosts: int = 1) -> Any:
+        try:
+            return wait(self, min_num_proc, min_hosts=min_hosts)
+        except Exception as exc:
+
+            def note(exc: Exception = exc) -> None:
+                if "Timed out" not in str(exc) or report.reason is not None:
+                    return
+                hosts = self._host_manager.current_hosts
+                found = ", ".join(hosts.available_hosts) or "none"
+                report.reason = (
+                    f"no start within {self._timeout} s (--elastic-timeout): Horovod's elastic "
+                    f"driver waits for {min_hosts} hosts to compare their network interfaces "
+                    f"when --network-interface is not given, and found {found}. Fix: "
+                    "--network-interface IFACE (the interface the ranks talk over, e.g. eth0)"
+                    if min_hosts > 1
+                    else f"no start within {self._timeout} s (--elastic-timeout): "
+                    f"{hosts.count_available_slots()} slot(s) found on {found}, below "
+                    f"the {min_num_proc} process(es) to start"
+                )
+
+            _safely(note)
+            raise
+
     def driver_stop(self: Any, error_message: str | None = None) -> None:
         def note() -> None:
             if not error_message or report.reason is not None:
@@ -159,6 +184,7 @@ def install(report: Report) -> None:
     ElasticDriver._activate_workers = activate_workers
     ElasticDriver.resume = driver_resume
     ElasticDriver.stop = driver_stop
+    ElasticDriver.wait_for_available_slots = wait_for_slots
     HostManager.blacklist = host_blacklist
 
 
