@@ -134,3 +134,29 @@ def test_elastic_kill_across_two_ssh_hosts(two_hosts, capsys):
             f"on {recovery:.2f} s after the kill, {replayed} step(s) replayed; the host rejoined "
             f"and the job ended at size 2 ({elapsed:.1f} s in all)"
         )
+
+
+@pytest.mark.parametrize("scheduler", ["PBS", "MPIJob"])
+def test_a_schedulers_host_file_gives_the_hosts(two_hosts, scheduler):
+    """Inside a PBS job (PBS_NODEFILE: one line per slot) or a Kubeflow MPIJob's launcher
+    (its hostfile, named by OMPI_MCA_orte_default_hostfile), ``hvdkit run`` with no hosts
+    runs one rank on each of the two hosts those files list."""
+    addrs = list(two_hosts.hosts.values())
+    path = two_hosts.tmp / f"{scheduler}-hosts"
+    if scheduler == "PBS":
+        path.write_text("".join(f"{addr}\n" for addr in addrs))
+        env = [f"PBS_NODEFILE={path}", "PBS_JOBID=4242.pbs"]
+        said = f"hosts from the PBS job 4242.pbs allocation (PBS_NODEFILE={path})"
+    else:
+        path.write_text("".join(f"{addr} slots=1\n" for addr in addrs))
+        env = [f"OMPI_MCA_orte_default_hostfile={path}"]
+        said = f"hosts from the Kubernetes MPIJob allocation ({path})"
+    out = two_hosts.run_in_launcher(
+        ["env", *env, HVDKIT, "run", "--gloo", "--network-interface", "hvd0", "--",
+         sys.executable, str(WORKERS / "launch_worker.py")]
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"hvdkit run: {said}: {addrs[0]}:1, {addrs[1]}:1" in out.stderr, out.stderr[-2000:]
+    r = results(out)
+    assert [r[0]["netns"], r[1]["netns"]] == [two_hosts.netns_id(ns) for ns in two_hosts.hosts]
+    assert r[0]["sum"] == r[1]["sum"] == 3.0
