@@ -131,3 +131,23 @@ def test_usr1_checkpoints_requeues_and_resumes_to_uninterrupted_weights(cluster,
     weights = results(job_output_text(text.rsplit("hvdkit run: hosts from", 1)[1]))
     assert weights[0]["params"] == weights[1]["params"] == reference
     assert weights[0]["steps"] == 16
+
+
+def test_the_sbatch_example_trains_mnist_on_two_nodes(cluster):
+    """examples/slurm_pytorch_mnist.sbatch as a user submits it (its #SBATCH lines: 2 nodes,
+    one task each, --signal, --requeue), shortened to 4 epochs: the README's accuracy, ranks
+    kept identical by the session's sync guard at every epoch end."""
+    output = cluster.dir / "mnist.out"
+    out = cluster.run(
+        "sbatch", "--parsable", "-D", str(ROOT), "-o", str(output),
+        "--export", f"ALL,EPOCHS=4,CHECKPOINT={cluster.dir}/mnist.pt",
+        str(ROOT / "examples" / "slurm_pytorch_mnist.sbatch"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    info = cluster.wait_job(out.stdout.strip(), 600)
+    text = output.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED", text[-4000:]
+    assert "nodeA:1, nodeB:1" in text and "2 ranks" in text
+    accuracy = float(re.search(r"test accuracy: ([\d.]+)", text).group(1))
+    print(f"\n[slurm] examples/slurm_pytorch_mnist.sbatch, 2 nodes, 4 epochs: {accuracy}")
+    assert accuracy > 0.90
