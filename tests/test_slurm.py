@@ -78,6 +78,7 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
     job, output = submit(cluster, "plain", [
         f"{HVDKIT} run --gloo -- {sys.executable} {WORKERS / 'launch_worker.py'}",
         f"{HVDKIT} run --gloo -- {command} --checkpoint {cluster.dir}/plain.pt",
+        f"{HVDKIT} run --mpi -- {command} --checkpoint {cluster.dir}/plain-mpi.pt",
     ])  # fmt: skip
     info = cluster.wait_job(job, 300)
     text = output.read_text(errors="replace")
@@ -86,12 +87,14 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
         f"hvdkit run: hosts from the Slurm job {job} allocation (SLURM_JOB_NODELIST=nodeA,nodeB, "
         "SLURM_TASKS_PER_NODE=1(x2)): nodeA:1, nodeB:1"
     ) in text
-    launch, train = text.split("hvdkit run: hosts from", 2)[1:]
+    launch, *trained = text.split("hvdkit run: hosts from")[1:]
     sums = results(job_output_text(launch))
     assert {sums[0]["host"], sums[1]["host"]} == {"nodeA", "nodeB"}  # a rank on each node
     assert sums[0]["netns"] != sums[1]["netns"] and sums[0]["sum"] == sums[1]["sum"] == 3.0
-    weights = results(job_output_text(train))
-    assert weights[0]["params"] == weights[1]["params"] == reference
+    assert len(trained) == 2  # under Gloo, then MPI (mpirun in the allocation)
+    for train in trained:
+        weights = results(job_output_text(train))
+        assert weights[0]["params"] == weights[1]["params"] == reference
 
 
 def job_output_text(text: str) -> subprocess.CompletedProcess:
