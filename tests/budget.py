@@ -53,7 +53,11 @@ BUDGETED: dict[str, float] = {
     "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
     "[torch-float]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
+    # Preemption: the real Slurm test (core) signals hvdkit run, reaches one rank by relay and
+    # the other through the ranks' agreement, requeues and resumes to identical weights.
     "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGTERM]": 45,
+    "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGUSR1]": 45,
+    "test_preemption.py::test_a_signal_on_one_rank_stops_all_at_one_step_and_resume_matches": 40,
     "test_direct_start.py::test_srun_style_start_stops_every_task_with_the_fix[keras]": 20,
     "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 25,
     "test_torch_adapter.py::test_gradient_accumulation_matches_one_big_step": 15,

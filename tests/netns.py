@@ -26,14 +26,15 @@ NEEDED = {"ip": "iproute2", "sshd": "openssh-server", "ssh": "openssh-client",
           "ssh-keygen": "openssh-client"}  # fmt: skip
 
 
-def missing_tools() -> list[str]:
+def missing_tools(needed: dict[str, str] = NEEDED) -> list[str]:
+    """The Debian packages of ``needed`` (tool -> package) whose tool is not installed."""
     paths = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
-    return [pkg for tool, pkg in NEEDED.items() if shutil.which(tool, path=paths) is None]
+    return sorted({pkg for tool, pkg in needed.items() if shutil.which(tool, path=paths) is None})
 
 
-def ensure_tools() -> str | None:
+def ensure_tools(needed: dict[str, str] = NEEDED) -> str | None:
     """Install the Debian packages that are missing (as root); the reason when impossible."""
-    missing = sorted(set(missing_tools()))
+    missing = missing_tools(needed)
     if not missing:
         return None
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -43,7 +44,7 @@ def ensure_tools() -> str | None:
          "--no-install-recommends", *missing],
         capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
     )  # fmt: skip
-    if out.returncode != 0 or missing_tools():
+    if out.returncode != 0 or missing_tools(needed):
         return f"apt-get install {' '.join(missing)} failed: {out.stderr.strip()[-300:]}"
     return None
 

@@ -23,32 +23,21 @@ import subprocess
 import time
 from pathlib import Path
 
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
-TOOLS = ("slurmctld", "slurmd", "sbatch", "munged", "mungekey", "nsenter", "unshare", "ip")
+from netns import ensure_tools
+
+# Tool -> the Debian package that has it (munge's tools come with munge; sshd for the nodes).
+NEEDED = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client",
+          "munged": "munge", "mungekey": "munge", "nsenter": "util-linux",
+          "unshare": "util-linux", "ip": "iproute2", "sshd": "openssh-server",
+          "ssh": "openssh-client", "ssh-keygen": "openssh-client"}  # fmt: skip
 SUBNET = "10.78.0"
 NODES = {"nodeA": f"{SUBNET}.2", "nodeB": f"{SUBNET}.3"}
 CTLD_PORT, SLURMD_PORT = 16817, 16818
 
 
-def missing() -> list[str]:
-    path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
-    return [tool for tool in TOOLS if shutil.which(tool, path=path) is None]
-
-
 def ensure_installed() -> str | None:
-    """Install Slurm and munge from Debian (as root); the reason when that is impossible."""
-    if not missing():
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return f"needs {' '.join(PACKAGES)} (apt-get install as root)"
-    out = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600",
-         "--no-install-recommends", *PACKAGES],
-        capture_output=True, text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-    )  # fmt: skip
-    if out.returncode != 0 or missing():
-        return f"apt-get install {' '.join(PACKAGES)} failed: {out.stderr.strip()[-300:]}"
-    return None
+    """Slurm, munge and sshd from Debian (as root); the reason when they cannot be had."""
+    return ensure_tools(NEEDED)
 
 
 def _config(directory: Path, controller: str, cpus: int) -> str:
