@@ -13,12 +13,12 @@ import torch
 from hvdkit.launch import direct
 
 
-def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Horovod's ``init``. First, a process that ``srun`` or a bare ``mpirun`` started without
-    a launcher Horovod can join stops with the fix, rather than train alone as rank 0 of 1
-    (:mod:`hvdkit.launch.direct`)."""
+def init(*args: Any, **kwargs: Any) -> None:
+    """Horovod's ``init(comm=None, process_sets=None)``. First, a process that ``srun`` or a
+    bare ``mpirun`` started without a launcher Horovod can join stops with the fix, rather
+    than train alone as rank 0 of 1 (:mod:`hvdkit.launch.direct`)."""
     direct.check(bool(hvd.mpi_built()))
-    hvd.init(comm=comm, process_sets=process_sets)
+    hvd.init(*args, **kwargs)
 
 
 class InvalidParamsError(TypeError, ValueError):
