@@ -164,28 +164,43 @@ def test_mpirun_without_mpi_in_horovod_is_stopped():
     assert "this Horovod has no MPI" in message and "hvdkit run -np N" in message
 
 
-def test_ranks_stop_at_the_same_step_one_step_after_any_rank_got_the_signal():
-    """Two ranks' Preemption objects over a fake max-allreduce: rank 1 alone is signalled
-    after step 2; both say stop after step 4 (the value started after step 3 is read then)."""
+def test_ranks_space_their_exchanges_alike_and_stop_at_the_same_step():
+    """Two ranks' Preemption objects over a fake max-allreduce, with clocks that differ (rank 1
+    is slower, 0.1 s a step against 0.05 s): they exchange at the same steps, the gap follows
+    the slower rank (0.5 s / 0.1 s = 5 steps), and a signal to rank 1 alone stops both at the
+    step after the next exchange started."""
     from hvdkit import preempt
 
-    sent: list[list[int]] = []
+    exchanges: list[list[tuple[int, float]]] = []
+    started_at: dict[int, list[int]] = {0: [], 1: []}
+    now = [0.0, 0.0]
 
-    def start(flag: int) -> int:
-        if not sent or len(sent[-1]) == 2:
-            sent.append([])
-        sent[-1].append(flag)
-        return len(sent) - 1
+    def rank(r: int) -> preempt.Preemption:
+        def start(flag: int, seconds: float) -> int:
+            if not exchanges or len(exchanges[-1]) == 2:
+                exchanges.append([])
+            exchanges[-1].append((flag, seconds))
+            started_at[r].append(step)
+            return len(exchanges) - 1
 
-    ranks = [preempt.Preemption(start, lambda h: max(sent[h])) for _ in range(2)]
-    for step in range(1, 10):
-        answers = [r.step_done() for r in ranks]
+        def finish(h: int) -> tuple[float, float]:
+            return max(f for f, _ in exchanges[h]), max(t for _, t in exchanges[h])
+
+        return preempt.Preemption(start, finish, clock=lambda: now[r])
+
+    ranks = [rank(0), rank(1)]
+    for step in range(1, 40):
+        now[0] += 0.05
+        now[1] += 0.1
+        answers = [p.step_done() for p in ranks]
         assert answers[0] == answers[1]
         if answers[0]:
             break
-        if step == 2:
+        if step == 20:
             ranks[1].received = signal.SIGUSR1
-    assert step == 4
+    assert started_at[0] == started_at[1]
+    assert started_at[0][:4] == [1, 2, 7, 12]  # every step until a step time is known, then 5
+    assert step == started_at[0][-1] + 1 and step > 20
     assert ranks[0].describe() == "SIGUSR1"
 
 

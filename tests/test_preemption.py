@@ -6,6 +6,7 @@ version (``--signal``, ``--requeue``) is in tests/test_slurm.py."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,17 +39,17 @@ def finished(out: subprocess.CompletedProcess) -> dict:
 
 
 def test_a_signal_on_one_rank_stops_all_at_one_step_and_resume_matches(tmp_path):
-    """SIGUSR1 to rank 1 alone after step 5 (of 16, 4 per epoch): both ranks checkpoint after
-    step 7 (the flag's allreduce is read one step later), mid-epoch 2; the second run skips
-    the 3 batches done and ends bit-identical to an uninterrupted run."""
+    """SIGUSR1 to rank 1 alone after step 5 (of 16, 4 per epoch; 0.2 s a step): both ranks
+    checkpoint at the same later step, mid-training; the second run skips the batches done
+    in that epoch and ends bit-identical to an uninterrupted run."""
     reference = finished(train(tmp_path / "ref" / "ckpt.pt"))
     assert reference["steps"] == 16
-    stopped = train(tmp_path / "job" / "ckpt.pt", "--signal-at", "5")
+    stopped = train(tmp_path / "job" / "ckpt.pt", "--signal-at", "5", "--step-delay", "0.2")
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     assert "RESULT" not in stopped.stdout  # no rank went on past the checkpoint
-    assert "hvdkit: preempted (SIGUSR1) at epoch 2, batch 3 (step 7): checkpoint " in (
-        stopped.stdout
-    ), stopped.stdout[-2000:]
+    where = re.search(r"hvdkit: preempted \(SIGUSR1\) at epoch \d, batch \d \(step (\d+)\): "
+                      r"checkpoint ", stopped.stdout)  # fmt: skip
+    assert where and 5 < int(where.group(1)) < 16, stopped.stdout[-2000:]
     assert "hvdkit run: the job checkpointed and every rank stopped; exit 75" in stopped.stderr
     assert "status code" not in stopped.stdout + stopped.stderr  # horovodrun's, expected here
     resumed = finished(train(tmp_path / "job" / "ckpt.pt"))
@@ -77,18 +78,23 @@ def test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75(tmp_path, sig):
 
 def test_keras_checkpoints_after_the_signal_and_the_next_run_repeats_that_epoch(tmp_path):
     """hvdkit.keras.setup's checkpoint callback: rank 1 alone signalled after step 5 (4 steps
-    an epoch); both ranks checkpoint after step 7 and exit 75; the next run starts at epoch 2
-    again (Keras's fit cannot start mid-epoch) and ends with equal weights on both ranks."""
+    an epoch, 0.2 s each); both ranks checkpoint at the same later step and exit 75; the next
+    run starts that epoch again (Keras's fit cannot start mid-epoch) and ends with equal
+    weights on both ranks."""
     argv = [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable,
             str(WORKERS / "keras_worker.py"), "resume", str(tmp_path), "3"]  # fmt: skip
     env = {**os.environ, "KERAS_BACKEND": "torch"}
     stopped = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
-                             env={**env, "HVDKIT_TEST_SIGNAL_AT": "5"})  # fmt: skip
+                             env={**env, "HVDKIT_TEST_SIGNAL_AT": "5",
+                                  "HVDKIT_TEST_STEP_DELAY": "0.2"})  # fmt: skip
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
-    assert "hvdkit: preempted (SIGUSR1) at epoch 2, batch 3 (step 7)" in stopped.stdout
+    where = re.search(r"hvdkit: preempted \(SIGUSR1\) at epoch (\d), batch \d \(step (\d+)\)",
+                      stopped.stdout)  # fmt: skip
+    assert where and 5 < int(where.group(2)) < 12, stopped.stdout[-2000:]
+    epoch = int(where.group(1)) - 1  # the epoch it stopped in, from 0
     assert "RESULT" not in stopped.stdout
     resumed = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     by_rank = results(resumed)
-    assert by_rank[0]["ran"] == by_rank[1]["ran"] == [1, 2]
+    assert by_rank[0]["ran"] == by_rank[1]["ran"] == list(range(epoch, 3))  # from its start
     assert by_rank[0]["digest"] == by_rank[1]["digest"]

@@ -240,8 +240,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._adapter.config.elastic:
             return  # an elastic job recovers from lost workers instead
         self._preempt = preempt.Preemption(
-            lambda flag: int(allgather_numpy(np.array([flag]), name="hvdkit.preempt").max()),
-            lambda value: value,
+            lambda flag, seconds: tuple(
+                allgather_numpy(np.array([flag, seconds]), name="hvdkit.preempt").max(axis=0)
+            ),
+            lambda agreed: agreed,
         )
         self._preempt.install()
 

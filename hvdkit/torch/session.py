@@ -127,10 +127,12 @@ class Session:
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
             # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary.
             self._preempt = preempt.Preemption(
-                lambda flag: hvd.allreduce_async(
-                    torch.tensor([flag], dtype=torch.int32), op=hvd.Max, name="hvdkit.preempt"
+                lambda flag, seconds: hvd.allreduce_async(
+                    torch.tensor([flag, seconds], dtype=torch.float64),
+                    op=hvd.Max,
+                    name="hvdkit.preempt",
                 ),
-                lambda handle: int(hvd.synchronize(handle)[0]),
+                lambda handle: tuple(hvd.synchronize(handle).tolist()),
             )
             self._preempt.install()
         if adapter.config.elastic:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -205,12 +206,14 @@ def resume(base: str, epochs: int) -> None:
             ran.append(epoch)
 
     class SignalAt(keras.callbacks.Callback):
-        """HVDKIT_TEST_SIGNAL_AT=N: SIGUSR1 to rank 1 alone after optimizer step N."""
+        """HVDKIT_TEST_SIGNAL_AT=N: SIGUSR1 to rank 1 alone after optimizer step N
+        (HVDKIT_TEST_STEP_DELAY: seconds each step takes longer)."""
 
         def on_train_batch_end(self, batch, logs=None):
             step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
             if hvd.rank() == 1 and str(step) == os.environ.get("HVDKIT_TEST_SIGNAL_AT"):
                 os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(float(os.environ.get("HVDKIT_TEST_STEP_DELAY", "0")))
 
     best = hvd.callbacks.ModelCheckpoint("best.keras", monitor="loss", save_best_only=True)
     model.fit(
