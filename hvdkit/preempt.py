@@ -82,8 +82,10 @@ class Preemption:
 
     def install(self) -> bool:
         """Handle SIGTERM and SIGUSR1 here, where they still have Python's default action (a
-        script's own handlers are kept). A second signal of the same kind acts as if hvdkit
-        had not been there (SIGTERM ends the process at once). Main thread only."""
+        script's own handlers are kept). Main thread only. A repeat changes nothing: the same
+        signal often arrives twice (from the scheduler, and passed on by ``hvdkit run`` and
+        the rank's guard), so stopping at once is left to SIGINT, SIGKILL and ``hvdkit run``'s
+        second signal."""
         if threading.current_thread() is not threading.main_thread():
             return False
         for sig in SIGNALS:
@@ -99,7 +101,6 @@ class Preemption:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.received = signum
-        signal.signal(signum, signal.SIG_DFL)
 
     def step_done(self) -> bool:
         """Call after every optimizer step, on every rank: whether the job is to checkpoint
