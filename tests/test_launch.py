@@ -152,3 +152,17 @@ def test_dry_run_and_bad_input_start_nothing():
     assert "-np 3 is more than the 2 slots listed (localhost:2)" in too_many.stderr
     missing = hvdkit("run", "--hostfile", "no/such/file", "--", "x")
     assert missing.returncode == 2 and "no/such/file: cannot read the hostfile" in missing.stderr
+
+
+def test_an_allocation_host_that_cannot_be_reached_is_named_at_once():
+    """A Slurm allocation (its variables) listing a host that does not resolve: horovodrun's
+    ssh check fails; hvdkit names the host, ssh's reason and the fix, without a traceback."""
+    env = {**os.environ, "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "hvdkit-nohost,localhost",
+           "SLURM_TASKS_PER_NODE": "1(x2)"}  # fmt: skip
+    out = subprocess.run([HVDKIT, "run", "--gloo", "--", sys.executable, "-c", "print(1)"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    assert out.returncode != 0
+    assert "hvdkit run: no rank started: cannot reach hvdkit-nohost (ssh: Could not resolve " \
+        "hostname hvdkit-nohost" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr

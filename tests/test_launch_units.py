@@ -245,3 +245,17 @@ def test_startup_noise_is_recognised_and_real_messages_are_not():
         "test accuracy: 0.9526",
     ]
     assert not any(is_noise(line) for line in real)
+
+
+def test_hosts_horovodrun_could_not_reach_are_named_with_ssh_s_reason():
+    out = RankOutput()
+    for line in ("ssh not successful for host node7:",
+                 "ssh: Could not resolve hostname node7: Name or service not known", "",
+                 "Traceback (most recent call last):",
+                 "RuntimeError: could not connect to some hosts via ssh"):  # fmt: skip
+        out.feed(line)
+    assert out.unreachable() == {"node7": "ssh: Could not resolve hostname node7: Name or "
+                                 "service not known"}  # fmt: skip
+    message = failure_message(out, {0: "node7"}, 1)
+    assert message.startswith("hvdkit run: no rank started: cannot reach node7 (ssh: Could not")
+    assert "hvdkit doctor --hostfile FILE" in message

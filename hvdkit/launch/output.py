@@ -14,6 +14,7 @@ _TAG = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:?(.*)$")
 _FAILED = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],(\d+)\]|(\d+))")
 _EXIT = re.compile(r"Exit code:\s*(-?\d+)")
 _GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+_UNREACHABLE = re.compile(r"^ssh not successful for host (\S+):$")
 # What a rank says when it stops only because another rank failed first.
 SECONDARY = ("Horovod has been shut down", "HorovodInternalError")
 
@@ -71,6 +72,18 @@ class RankOutput:
     def _secondary(self, rank: int) -> bool:
         return any(marker in line for line in self.stderr.get(rank, ()) for marker in SECONDARY)
 
+    def unreachable(self) -> dict[str, str]:
+        """Hosts horovodrun's ssh check could not reach, with ssh's reason (the line after
+        ``ssh not successful for host H:``)."""
+        found: dict[str, str] = {}
+        lines = list(self.launcher)
+        for i, line in enumerate(lines):
+            match = _UNREACHABLE.match(line)
+            if match:
+                reason = next((x.strip() for x in lines[i + 1 : i + 3] if x.strip()), "")
+                found[match.group(1)] = reason or "no reason given"
+        return found
+
     def tail(self, rank: int, lines: int = 10) -> list[str]:
         return list(self.stderr.get(rank, ()))[-lines:]
 
@@ -79,6 +92,15 @@ def failure_message(
     output: RankOutput, host_of: dict[int, str], returncode: int, lines: int = 10
 ) -> str:
     """The one message ``hvdkit run`` prints when the job failed."""
+    unreachable = output.unreachable()
+    if unreachable:
+        hosts = "; ".join(f"{host} ({why})" for host, why in unreachable.items())
+        return (
+            f"hvdkit run: no rank started: cannot reach {hosts} over ssh. Fix: check the host "
+            "names (where they came from is printed above), that sshd runs there and that "
+            "this user's key is accepted without a password; `hvdkit doctor --hostfile FILE` "
+            "checks each host"
+        )
     failed = output.failed_rank()
     if failed is None:
         talking = sorted(output.stderr)

@@ -222,7 +222,7 @@ def execute(
                 if not output.tail(slot.rank):
                     _from_files(output, output_dir, slot.rank)
         failed = output.failed_rank()
-        if failed is None:
+        if failed is None and not output.unreachable():
             sys.stderr.writelines(held)
         print(failure_message(output, host_of, code), file=sys.stderr, flush=True)
     elif held:
