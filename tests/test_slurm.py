@@ -154,3 +154,23 @@ def test_the_sbatch_example_trains_mnist_on_two_nodes(cluster):
     accuracy = float(re.search(r"test accuracy: ([\d.]+)", text).group(1))
     print(f"\n[slurm] examples/slurm_pytorch_mnist.sbatch, 2 nodes, 4 epochs: {accuracy}")
     assert accuracy > 0.90
+
+
+def test_sigterm_to_every_process_of_the_job_still_checkpoints(cluster):
+    """What the time limit does: SIGTERM to every process of the job at once (``scancel
+    --full``), horovodrun included, which then gives its ranks 5 s (Horovod's grace) before
+    SIGKILL. Steps of 0.5 s: the ranks checkpoint within that and the job exits 75."""
+    checkpoint = cluster.dir / "term.pt"
+    job, output = submit(cluster, "term", [
+        f"exec {HVDKIT} run --gloo -- {' '.join(TRAIN)} --checkpoint {checkpoint} "
+        "--step-delay 0.5",
+    ])  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not checkpoint.exists():
+        assert time.monotonic() < deadline, output.read_text(errors="replace")[-3000:]
+        time.sleep(0.3)
+    assert cluster.run("scancel", "--full", "--signal", "TERM", job).returncode == 0
+    info = cluster.wait_job(job, 120)
+    text = output.read_text(errors="replace")
+    assert info["ExitCode"] == "75:0", (info, text[-3000:])
+    assert "hvdkit: preempted (SIGTERM)" in text and "every rank stopped; exit 75" in text
