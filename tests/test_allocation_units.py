@@ -67,8 +67,24 @@ def test_slurm_job_gives_hosts_slots_gpus_and_one_line_saying_where_from():
     assert alloc.slots == 10 and alloc.gpus_per_node == 4 and alloc.scheduler == "Slurm"
     assert alloc.describe() == (
         "hosts from the Slurm job 4242 allocation (SLURM_JOB_NODELIST=node[01-02],gpu-a1, "
-        "SLURM_TASKS_PER_NODE=4(x2),2): node01:4, node02:4, gpu-a1:2"
+        "SLURM_TASKS_PER_NODE=4(x2),2, GPUs per node 4): node01:4, node02:4, gpu-a1:2"
     )
+
+
+def test_more_tasks_than_gpus_on_a_node_is_refused_under_nccl_only():
+    from hvdkit.launch.allocation import gpu_problem
+
+    env = {"SLURM_JOB_NODELIST": "g[1-2]", "SLURM_TASKS_PER_NODE": "8(x2)",
+           "SLURM_GPUS_ON_NODE": "4"}  # fmt: skip
+    alloc = detect(env, *files({}))
+    message = gpu_problem(alloc, nccl=True)
+    assert message.startswith("the Slurm allocation puts 8 tasks on g1 but gives it 4 GPU(s)")
+    assert "--ntasks-per-node=N with --gpus-per-node=N" in message
+    assert gpu_problem(alloc, nccl=False) is None  # Gloo/MPI ranks may share a GPU
+    fits = detect({**env, "SLURM_TASKS_PER_NODE": "4(x2)"}, *files({}))
+    assert gpu_problem(fits, nccl=True) is None
+    unknown = detect({k: v for k, v in env.items() if k != "SLURM_GPUS_ON_NODE"}, *files({}))
+    assert gpu_problem(unknown, nccl=True) is None
 
 
 def test_slurm_without_tasks_uses_cpus_per_node_over_cpus_per_task():

@@ -183,8 +183,9 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from hvdkit.build.record import nccl_built
     from hvdkit.launch import runner
-    from hvdkit.launch.allocation import detect
+    from hvdkit.launch.allocation import detect, gpu_problem
     from hvdkit.launch.discover import probe
     from hvdkit.launch.elastic import ElasticError, elastic_interface
     from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
@@ -217,6 +218,8 @@ def run_command(args: argparse.Namespace) -> int:
         elif allocation := detect():
             hosts = list(allocation.hosts)
             print(f"hvdkit run: {allocation.describe()}", file=sys.stderr)
+            if problem := gpu_problem(allocation, nccl_built()):
+                return _fail(problem)
             if args.np is not None and args.np > allocation.slots:
                 return _fail(
                     f"-np {args.np} is more than the {allocation.slots} slot(s) of the "

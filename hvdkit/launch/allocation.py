@@ -50,6 +50,22 @@ class Allocation:
         return f"hosts from the {self.scheduler}{job} allocation ({self.origin}): {listed}"
 
 
+def gpu_problem(allocation: Allocation, nccl: bool) -> str | None:
+    """More tasks on a node than the GPUs the scheduler gave it, under NCCL (which refuses two
+    ranks on one GPU, once the job runs); None otherwise or when the GPUs are not known."""
+    gpus = allocation.gpus_per_node
+    crowded = [h for h in allocation.hosts if gpus and h.slots > gpus]
+    if not nccl or not crowded:
+        return None
+    return (
+        f"the {allocation.scheduler} allocation puts {crowded[0].slots} tasks on "
+        f"{crowded[0].name} but gives it {gpus} GPU(s) ({allocation.origin}), and this "
+        "Horovod reduces GPU tensors with NCCL, which refuses two ranks on one GPU. Fix: ask "
+        "for as many tasks per node as GPUs per node (#SBATCH --ntasks-per-node=N with "
+        "--gpus-per-node=N)"
+    )
+
+
 def expand_nodelist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
     """Slurm's compressed host list (``node[01-04,07],gpu-a[1-2]``, ``r[1-2]-n[1-2]``) as
     names, zero padding kept."""
@@ -145,7 +161,10 @@ def slurm(env: Mapping[str, str]) -> Allocation | None:
         )
     source = f"Slurm ({variable})"
     hosts = tuple(Host(n, c, source=source) for n, c in zip(names, counts, strict=True))
-    return Allocation("Slurm", hosts, origin, env.get("SLURM_JOB_ID"), _slurm_gpus(env))
+    gpus = _slurm_gpus(env)
+    if gpus is not None:
+        origin += f", GPUs per node {gpus}"
+    return Allocation("Slurm", hosts, origin, env.get("SLURM_JOB_ID"), gpus)
 
 
 def _slurm_gpus(env: Mapping[str, str]) -> int | None:
