@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypedDict, get_args
 
-from hvdkit import rank_zero
+from hvdkit import preempt, rank_zero
 from hvdkit.checkpoint import CheckpointError
 from hvdkit.lr import LR_POLICIES, LrScaling, Warmup, scale_factor, warmup_steps
 
@@ -171,6 +171,7 @@ class Adapter(abc.ABC):
         self.topology: Topology | None = None
         self.warmup: Warmup | None = None
         self.resumed: dict[str, Any] | None = None
+        self.preempted_at: dict[str, Any] | None = None  # a preempted run's position
 
     @property
     def is_root(self) -> bool:
@@ -221,7 +222,8 @@ class Adapter(abc.ABC):
         self._raise_on_root_error(error)
         self._broadcast_state()
         info = self._broadcast_object(self._resume_info(state) if state is not None else None)
-        self.resumed = None if info is None else self._apply_resume_info(info)
+        resumed = None if info is None else self._apply_resume_info(info)
+        self.resumed, self.preempted_at = preempt.split_extra(resumed)
 
     def rescale(self, topology: Topology) -> None:
         """After an elastic reset: take the new ``topology`` and scale the LR to its size (the

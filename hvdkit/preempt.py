@@ -127,10 +127,19 @@ class Preemption:
         return signal.Signals(self.agreed).name if self.agreed else "a signal"
 
 
+def split_extra(
+    extra: dict[str, Any] | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A resumed checkpoint's ``extra``: the script's part, and a preempted run's position
+    (:data:`EXTRA`, or None)."""
+    if not extra or EXTRA not in extra:
+        return extra, None
+    return {k: v for k, v in extra.items() if k != EXTRA}, extra[EXTRA]
+
+
 def announce(by: str, epoch: int, batches: int, step: int, path: Any) -> str:
     """Rank 0's last line (it starts with :data:`MARKER`)."""
     return (
         f"{MARKER} ({by}) at epoch {epoch + 1}, batch {batches} (step {step}): checkpoint "
-        f"{path}; "
-        "run the same command again to resume from it"
+        f"{path}; run the same command again to resume from it"
     )

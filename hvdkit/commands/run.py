@@ -235,9 +235,7 @@ def run_command(args: argparse.Namespace) -> int:
             )
         nic = args.network_interface
         if elastic is not None:
-            name = socket.gethostname()
-            local = {"localhost", name, name.split(".")[0]}
-            nic, warning = elastic_interface(hosts, nic, local)
+            nic, warning = elastic_interface(hosts, nic, _local_names())
             if warning:
                 print(f"hvdkit run: warning: {warning}", file=sys.stderr)
             elif nic != args.network_interface:
@@ -286,8 +284,13 @@ def _gpu_problem(plan: LaunchPlan) -> str | None:
 
     if not record.nccl_built():
         return None
-    # Names only: a DNS lookup (getfqdn) can stall a launch for seconds.
-    name = socket.gethostname()
-    here = {"localhost", "127.0.0.1", name, name.split(".")[0]}
+    here = _local_names() | {"127.0.0.1"}
     local = max((slot.local_size for slot in plan.ranks if slot.host in here), default=0)
     return gpus.shared_gpu_problem(local, len(gpus.probe().gpus), nccl=True) if local else None
+
+
+def _local_names() -> set[str]:
+    """The names this machine goes by in a host list. Names only: a DNS lookup (getfqdn)
+    can stall a launch for seconds."""
+    name = socket.gethostname()
+    return {"localhost", name, name.split(".")[0]}

@@ -16,7 +16,7 @@ from typing import Any, Unpack
 
 import keras
 
-from hvdkit import preempt, rank_zero
+from hvdkit import rank_zero
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.elastic import SessionElastic
 from hvdkit.keras import backend
@@ -60,8 +60,6 @@ class Session:
         assert adapter.topology is not None
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
-        if self.resumed and preempt.EXTRA in self.resumed:  # hvdkit's own, not the script's
-            self.resumed = {k: v for k, v in self.resumed.items() if k != preempt.EXTRA}
         self.callbacks = callbacks
         self._place = SimpleNamespace(batch=0)  # batches done in the epoch (elastic)
         self._elastic: SessionElastic | None = None

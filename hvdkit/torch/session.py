@@ -121,7 +121,7 @@ class Session:
         self._batch_samples = 0
         self._elastic: SessionElastic | None = None
         self._epoch_batches = 0  # batches of this epoch handed out (a preemption's position)
-        self._resume_batches = self._pop_preempted()
+        self._resume_batches = int(adapter.preempted_at["batches"]) if adapter.preempted_at else 0
         self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
         self._preempt: preempt.Preemption | None = None
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
@@ -149,15 +149,6 @@ class Session:
         assert self._adapter.topology is not None
         self.topology = self._adapter.topology
         self._steps = 0  # every rank, joined or not, checks the sync after its next step
-
-    def _pop_preempted(self) -> int:
-        """The batches of the resumed epoch a preempted run had done (from its checkpoint)."""
-        if not self.resumed or preempt.EXTRA not in self.resumed:
-            return 0
-        extra = dict(self.resumed)
-        done = int(extra.pop(preempt.EXTRA)["batches"])
-        self.resumed = extra
-        return done
 
     def _take_resume_batches(self) -> int:
         done, self._resume_batches = self._resume_batches, 0
