@@ -36,7 +36,7 @@ BUDGETED: dict[str, float] = {
     "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes[torch]": 90,
     "test_examples_torch.py::test_fashion_resnet_short_run_channels_last_under_mpi": 35,
     "test_slurm.py::test_the_sbatch_example_trains_mnist_on_two_nodes": 30,
-    "test_slurm.py::test_sigterm_to_every_process_of_the_job_still_checkpoints": 25,
+    "test_slurm.py::test_sigterm_to_every_process_of_the_job_still_checkpoints": 35,
     "test_tensorflow.py::test_examples_train_and_end_with_identical_weights"
     "[tensorflow_mnist_custom_loop.py]": 30,
     "test_elastic.py::test_elastic_example_trains_on_two_hosts[pytorch_elastic.py]": 20,

@@ -156,10 +156,11 @@ def test_the_sbatch_example_trains_mnist_on_two_nodes(cluster):
     assert accuracy > 0.90
 
 
-def test_sigterm_to_every_process_of_the_job_still_checkpoints(cluster):
+def test_sigterm_to_every_process_of_the_job_still_checkpoints(cluster, reference):
     """What the time limit does: SIGTERM to every process of the job at once (``scancel
     --full``), horovodrun included, which then gives its ranks 5 s (Horovod's grace) before
-    SIGKILL. Steps of 0.5 s: the ranks checkpoint within that and the job exits 75."""
+    SIGKILL. Steps of 0.5 s: the ranks checkpoint within that and the job exits 75; the same
+    job submitted again resumes to the uninterrupted weights on both ranks."""
     checkpoint = cluster.dir / "term.pt"
     job, output = submit(cluster, "term", [
         f"exec {HVDKIT} run --gloo -- {' '.join(TRAIN)} --checkpoint {checkpoint} "
@@ -174,3 +175,9 @@ def test_sigterm_to_every_process_of_the_job_still_checkpoints(cluster):
     text = output.read_text(errors="replace")
     assert info["ExitCode"] == "75:0", (info, text[-3000:])
     assert "hvdkit: preempted (SIGTERM)" in text and "every rank stopped; exit 75" in text
+    again, output = submit(cluster, "term", [
+        f"exec {HVDKIT} run --gloo -- {' '.join(TRAIN)} --checkpoint {checkpoint}",
+    ])  # fmt: skip
+    assert cluster.wait_job(again, 180)["JobState"] == "COMPLETED"
+    weights = results(job_output_text(output.read_text(errors="replace").rsplit("hosts from", 1)[1]))
+    assert weights[0]["params"] == weights[1]["params"] == reference
