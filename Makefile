@@ -24,7 +24,7 @@ BUILD_FLAGS ?= --frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_F
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint
 
-.PHONY: setup stack run test test-fast test-all matrix image-gpu lint sweep doctor clean
+.PHONY: setup stack run test test-fast test-all matrix image-gpu gpu-check lint sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
@@ -83,6 +83,14 @@ matrix: setup
 # a GPU; left out of CI for time (README, "Docker").
 image-gpu: setup
 	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -s tests/test_docker_image.py -k gpu_image $(PYTEST_ARGS)
+
+# The GPU checks (tests/gpu_checks.py) on a machine with an NVIDIA GPU, in the environment
+# whose CUDA torch you train with (GPU_PYTHON): builds Horovod with NCCL, then without, and
+# writes gpu-report/. Not in CI (no GPU there); README, "What has run on a GPU".
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) tests/gpu_checks.py --out gpu-report $(GPU_CHECK_ARGS)
 
 # ruff (style, imports, bugs) and mypy (types) over the package; settings in pyproject.toml.
 lint: setup $(LINT_STAMP)
