@@ -35,6 +35,7 @@ class Checks:
         self.out, self.python = out, python
         self.rows: list[dict] = []
         self.machine: dict = {}
+        self.controller = ""  # hvdkit run's choice
         self.log = open(out / "checks.log", "w")
 
     def sh(self, argv: list[str], timeout: float, env: dict | None = None):
@@ -81,7 +82,8 @@ class Checks:
         return rc == 0
 
     def workers(self, np: int, check: list[str], env: dict | None = None) -> dict[int, dict]:
-        rc, text, s = self.hvdkit("run", "-np", str(np), "--", self.python, WORKER, *check,
+        how = [f"--{self.controller}"] if self.controller else []
+        rc, text, s = self.hvdkit("run", "-np", str(np), *how, "--", self.python, WORKER, *check,
                                   timeout=600, env=env)  # fmt: skip
         by_rank = {}
         for line in text.splitlines():
@@ -149,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-report")
     parser.add_argument("--sdist", help="a local horovod-0.28.1.tar.gz (no download)")
-    parser.add_argument("--skip", default="", help="comma list: build,bench,shared")
+    parser.add_argument("--skip", default="", help="comma list: build,nccl,bench,shared")
+    parser.add_argument("--shared-controllers", default="gloo",
+                        help="for the 2 ranks sharing a GPU: gloo, mpi or gloo,mpi")  # fmt: skip
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
@@ -167,39 +171,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine}", flush=True)
     c.machine = machine
 
-    if "build" not in skip:
+    if "build" not in skip and "nccl" not in skip:
         c.build(
             "build Horovod with NCCL (arch of the visible GPUs)",
             ["--controllers", "gloo", "--gpu-operations", "NCCL", *sdist],
         )
-    rc, text, s = c.hvdkit("doctor", timeout=300)
-    counts = {k: len(re.findall(rf"^{k}\b", text, re.M)) for k in ("PASS", "FAIL", "SKIP")}
-    gpu_lines = [ln for ln in text.splitlines() if re.search(r"GPU|NCCL|CUDA", ln)]
-    c.record("hvdkit doctor", rc == 0 and counts["FAIL"] == 0,
-             f"{counts}; " + " | ".join(gpu_lines)[:900], s)  # fmt: skip
+    if "nccl" not in skip:
+        rc, text, s = c.hvdkit("doctor", timeout=300)
+        counts = {k: len(re.findall(rf"^{k}\b", text, re.M)) for k in ("PASS", "FAIL", "SKIP")}
+        gpu_lines = [ln for ln in text.splitlines() if re.search(r"GPU|NCCL|CUDA", ln)]
+        c.record("hvdkit doctor", rc == 0 and counts["FAIL"] == 0,
+                 f"{counts}; " + " | ".join(gpu_lines)[:900], s)  # fmt: skip
 
-    one = [1] if gpus <= 1 else [1, gpus]
-    for np in one:
-        for dtype in ("float32", "bfloat16", "float16"):
-            extra = ["--overflow-at", "2"] if dtype == "float16" else []
-            c.training(np, gpus, f"torch session np={np} {dtype}", ["torch", "--dtype", dtype,
-                       *extra])  # fmt: skip
-        for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
-            c.training(
-                np,
-                gpus,
-                f"keras (torch backend) fit np={np} {policy}",
-                ["keras", "--policy", policy],
-                {"KERAS_BACKEND": "torch"},
-            )
-        c.bandwidth(np, f"allreduce GPU tensors np={np}")
-    if gpus == 1:
-        rc, text, s = c.hvdkit("run", "-np", "2", "--", c.python, WORKER, "allreduce",
-                               timeout=300)  # fmt: skip
-        said = [ln for ln in text.splitlines() if "NCCL" in ln][:2]
-        c.record("hvdkit run -np 2 on one GPU under NCCL is refused before launch",
-                 rc != 0 and bool(said) and "RESULT" not in text, " | ".join(said)[:500] or
-                 text[-300:], s)  # fmt: skip
+        one = [1] if gpus <= 1 else [1, gpus]
+        for np in one:
+            for dtype in ("float32", "bfloat16", "float16"):
+                extra = ["--overflow-at", "2"] if dtype == "float16" else []
+                c.training(np, gpus, f"torch session np={np} {dtype}", ["torch", "--dtype", dtype,
+                           *extra])  # fmt: skip
+            for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
+                c.training(
+                    np,
+                    gpus,
+                    f"keras (torch backend) fit np={np} {policy}",
+                    ["keras", "--policy", policy],
+                    {"KERAS_BACKEND": "torch"},
+                )
+            c.bandwidth(np, f"allreduce GPU tensors np={np}")
+        if gpus == 1:
+            rc, text, s = c.hvdkit("run", "-np", "2", "--", c.python, WORKER, "allreduce",
+                                   timeout=300)  # fmt: skip
+            said = [ln for ln in text.splitlines() if "NCCL" in ln][:2]
+            c.record("hvdkit run -np 2 on one GPU under NCCL is refused before launch",
+                     rc != 0 and bool(said) and "RESULT" not in text, " | ".join(said)[:500] or
+                     text[-300:], s)  # fmt: skip
     if "bench" not in skip:
         bench_json = args.out / "bench.json"
         rc, text, s = c.hvdkit(
@@ -219,16 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         c.record("hvdkit bench: ResNet-50 bf16 channels_last, hvdkit vs plain", rc == 0,
                  " | ".join(found)[:600] or text[-400:], s)  # fmt: skip
     if gpus and "shared" not in skip:
+        controllers = args.shared_controllers.split(",")
         if "build" not in skip:
-            c.build("build Horovod without NCCL (GPU tensors through Gloo)",
-                    ["--controllers", "gloo", *sdist])  # fmt: skip
-        for dtype in ("float32", "bfloat16", "float16"):
-            extra = ["--overflow-at", "2"] if dtype == "float16" else []
-            c.training(2, gpus, f"torch session np=2 sharing GPU 0, Gloo, {dtype}",
-                       ["torch", "--dtype", dtype, *extra])  # fmt: skip
-        c.training(2, gpus, "keras (torch backend) fit np=2 sharing GPU 0, mixed_bfloat16",
-                   ["keras", "--policy", "mixed_bfloat16"], {"KERAS_BACKEND": "torch"})  # fmt: skip
-        c.bandwidth(2, "allreduce GPU tensors np=2 sharing GPU 0, Gloo")
+            c.build(f"build Horovod without NCCL (GPU tensors through {args.shared_controllers})",
+                    ["--controllers", args.shared_controllers, *sdist])  # fmt: skip
+        for c.controller in controllers:
+            how = f"sharing GPU 0, {c.controller}"
+            for dtype in ("float32", "bfloat16", "float16"):
+                extra = ["--overflow-at", "2"] if dtype == "float16" else []
+                c.training(2, gpus, f"torch session np=2 {how}, {dtype}",
+                           ["torch", "--dtype", dtype, *extra])  # fmt: skip
+            c.training(2, gpus, f"keras (torch backend) fit np=2 {how}, mixed_bfloat16",
+                       ["keras", "--policy", "mixed_bfloat16"], {"KERAS_BACKEND": "torch"})  # fmt: skip
+            c.bandwidth(2, f"allreduce GPU tensors np=2 {how}")
 
     failed = [r["check"] for r in c.rows if not r["ok"]]
     print(f"{len(c.rows) - len(failed)} passed, {len(failed)} failed", flush=True)
