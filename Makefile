@@ -23,8 +23,11 @@ BUILD_FLAGS ?= --frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_F
 # The linters `make lint` runs (CI too), pinned so that a new release cannot fail a build.
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint
+# Ray and pyspark for the tests of hvdkit.ray and hvdkit.spark (not in the images).
+ENGINES_STACK := hvdkit/build/stack-engines.txt
+ENGINES_STAMP := $(VENV)/.hvdkit-engines
 
-.PHONY: setup stack run test test-fast test-all matrix image-gpu gpu-check lint sweep doctor clean
+.PHONY: setup stack engines run test test-fast test-all matrix image-gpu gpu-check lint sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
@@ -61,7 +64,7 @@ stack:
 run: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/hvdkit run --hostfile hostfiles/localhost -- $(BIN)/python examples/keras_mnist.py --epochs 10
 
-test: setup
+test: setup engines
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
@@ -69,7 +72,7 @@ test-fast: setup
 
 # What CI leaves out for time (README, "Tests and CI"): the whole compatibility matrix and
 # the tests marked `extra`, after everything CI runs.
-test-all: setup
+test-all: setup engines
 	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory matrix
 
@@ -91,6 +94,12 @@ GPU_PYTHON ?= python3
 GPU_CHECK_ARGS ?=
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) tests/gpu_checks.py --out gpu-report $(GPU_CHECK_ARGS)
+
+engines: setup $(ENGINES_STAMP)
+
+$(ENGINES_STAMP): $(ENGINES_STACK)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(ENGINES_STACK)
+	touch $(ENGINES_STAMP)
 
 # ruff (style, imports, bugs) and mypy (types) over the package; settings in pyproject.toml.
 lint: setup $(LINT_STAMP)

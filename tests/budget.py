@@ -54,6 +54,11 @@ BUDGETED: dict[str, float] = {
     "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
     "[torch-float]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
+    # Engines: local Ray and local[2] Spark runs, and bad input, stay in the core.
+    "test_ray.py::test_two_ray_nodes_started_with_ray_start": 75,
+    "test_ray.py::test_a_failing_rank_or_a_killed_actor_stops_the_job": 30,
+    "test_spark.py::test_standalone_master_and_worker": 50,
+    "test_spark.py::test_a_failing_rank_and_bad_input_end_the_call_at_once": 20,
     # Preemption: the real Slurm test (core) signals hvdkit run, reaches one rank by relay and
     # the other through the ranks' agreement, requeues and resumes to identical weights.
     "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGTERM]": 45,

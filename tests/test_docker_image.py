@@ -1,13 +1,15 @@
 """The CPU image for real: built with whichever engine exists (tests/containers.py), then
 ``hvdkit doctor`` and a 2-rank Keras MNIST run inside it as the non-root user, and two
 containers as two hosts (each in its own network namespace, sshd started by the image's
-helper) trained across by ``hvdkit run --hostfile``: the README's multi-node recipe."""
+helper) reduced across by ``hvdkit run --hostfile``: the README's multi-node recipe; and the
+Kubeflow MPIJob example run as the MPI Operator runs it, training to equal weights."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -142,10 +144,11 @@ class ContainerHosts(TwoHosts):
         super().down()
 
 
-def test_two_containers_train_as_two_hosts_over_ssh(image, tmp_path):
+def test_two_containers_reduce_as_two_hosts_over_ssh(image, tmp_path):
     """The launching container and the two "hosts" each in a network namespace of
-    tests/netns.py; the hosts run the image's sshd. The allreduce is right on both ranks and
-    a short training run ends with the same weights on both."""
+    tests/netns.py; the hosts run the image's sshd with the user's keys mounted (the README's
+    recipe). The allreduce is right on both ranks, each in its own host. (Training across
+    such containers to equal weights: the MPIJob test below.)"""
     reason = ensure_tools()
     if reason:
         pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
@@ -165,25 +168,115 @@ def test_two_containers_train_as_two_hosts_over_ssh(image, tmp_path):
         allreduce = image.run(
             TAG, *launch, "tests/workers/launch_worker.py", flags=launcher("hvdkit-launch-1")
         )
-        trained = image.run(
-            TAG,
-            *launch,
-            "tests/workers/torch_worker.py",
-            "train",
-            "--epochs",
-            "2",
-            flags=launcher("hvdkit-launch-2"),
-        )
     finally:
         hosts.down()
-    for out in (allreduce, trained):
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sums, weights = results(allreduce), results(trained)
+    assert allreduce.returncode == 0, allreduce.stdout[-3000:] + allreduce.stderr[-3000:]
+    sums = results(allreduce)
     assert sums[0]["sum"] == sums[1]["sum"] == 3.0
     assert sums[0]["netns"] != sums[1]["netns"]  # each rank in its own "host"
-    assert weights[0]["params"] == weights[1]["params"]
-    print(f"[image] two containers as two hosts: allreduce 3.0 on both, weights "
-          f"{weights[0]['params'][:16]} on both")  # fmt: skip
+    print("[image] two containers as two hosts: allreduce 3.0 on both")
+
+
+MPIJOB = ROOT / "examples" / "mpijob_pytorch_mnist.yaml"
+
+
+class OperatorPods(ContainerHosts):
+    """What the Kubeflow MPI Operator makes of examples/mpijob_pytorch_mnist.yaml, on
+    tests/netns.py's hosts: worker pods named ``<job>-worker-<i>`` running the manifest's
+    worker command, one key pair mounted read-only at ``sshAuthMountPath`` in every pod as the
+    operator mounts its Secret (root-owned ``id_rsa``, ``id_rsa.pub``, ``authorized_keys``,
+    mode 0644 off /root), and the launcher's ``/etc/mpi/hostfile``."""
+
+    def __init__(self, tmp: Path, engine: Engine, job: dict) -> None:
+        super().__init__(tmp, engine)
+        self.job = job
+        name, spec = job["metadata"]["name"], job["spec"]
+        self.mount = spec["sshAuthMountPath"]
+        self.worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+        count = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+        # The operator's hostfile names each worker by its DNS name under the job's headless
+        # service (mpi-operator's newConfigMap); the launcher pod is `<job>-launcher`.
+        self.names = [f"{name}-worker-{i}.{name}.default.svc" for i in range(count)]
+        self.launcher_name = f"{name}-launcher"
+        self.slots = spec.get("slotsPerWorker", 1)
+
+    def operator_secret(self) -> Path:
+        directory = self.tmp / "operator-ssh"
+        if not directory.exists():
+            directory.mkdir()
+            subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f",
+                            str(directory / "id_rsa")], check=True)  # fmt: skip
+            shutil.copy(directory / "id_rsa.pub", directory / "authorized_keys")
+            for path in directory.iterdir():
+                path.chmod(0o644)
+        return directory
+
+    def hostfile_path(self) -> Path:
+        path = self.tmp / "mpi-hostfile"
+        path.write_text("".join(f"{n} slots={self.slots}\n" for n in self.names))
+        path.chmod(0o644)
+        return path
+
+    def container_flags(self, ns: str, name: str) -> tuple[str, ...]:
+        addrs = list(self.hosts.values())
+        dns = tuple(f"--add-host={n}:{a}" for n, a in zip(self.names, addrs, strict=True))
+        return ("--network", f"ns:/run/netns/{ns}", "--name", name, "--hostname", name,
+                *dns, "-v", f"{self.operator_secret()}:{self.mount}:ro",
+                "-v", f"{ROOT / 'tests'}:/opt/hvdkit/tests:ro")  # fmt: skip
+
+    def start_sshd(self, ns: str) -> None:
+        i = list(self.hosts).index(ns)
+        name = self.names[i].split(".")[0]
+        command = self.worker["command"]
+        out = self.engine("run", "-d", *self.engine.run_flags, *self.container_flags(ns, name),
+                          "--env=K_MPI_JOB_ROLE=worker", "--entrypoint", command[0], TAG,
+                          *command[1:])  # fmt: skip
+        self.containers.append(name)
+        self.sshd_pids[ns] = 0
+        assert out.returncode == 0, out.stderr
+
+
+def test_the_mpijob_manifest_trains_as_the_operator_runs_it(image, tmp_path):
+    """examples/mpijob_pytorch_mnist.yaml's launcher arguments and worker command, run as the
+    MPI Operator runs them (its Secret read-only, its hostfile, the pods' DNS names): `hvdkit
+    run` takes the hosts from /etc/mpi/hostfile, the workers' sshd takes the operator's key,
+    the example reaches the README's accuracy, and a training run ends equal on both ranks."""
+    reason = ensure_tools()
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
+    import yaml
+
+    job = yaml.safe_load(MPIJOB.read_text())
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    args = list(launcher["args"])
+    args[args.index("--epochs") + 1] = "3"  # shorter than the manifest's 5, for CI's time
+    pods = OperatorPods(tmp_path, image, job)
+    try:
+        pods.up()
+        # The launcher's environment as the operator sets it for Open MPI (ompiEnvVars).
+        operator_env = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                        "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+                        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+                        "OMPI_MCA_orte_set_default_slots": str(pods.slots)}  # fmt: skip
+        flags = (*pods.container_flags(pods.launcher, pods.launcher_name),
+                 "-v", f"{pods.hostfile_path()}:/etc/mpi/hostfile:ro",
+                 *(f"--env={k}={v}" for k, v in operator_env.items()))  # fmt: skip
+        example = image.run(TAG, *args, flags=flags, timeout=600)
+        cut = args.index("--")
+        trained = image.run(TAG, *args[:cut], "--", "python", "tests/workers/torch_worker.py",
+                            "train", "--epochs", "2", flags=flags)  # fmt: skip
+    finally:
+        pods.down()
+    for out in (example, trained):
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = example.stdout + example.stderr
+    assert "hosts from the Kubernetes MPIJob allocation" in text, text[-2000:]
+    accuracy = float(re.search(r"test accuracy: ([\d.]+)", text).group(1))
+    weights = results(trained)
+    assert sorted(weights) == [0, 1] and weights[0]["params"] == weights[1]["params"]
+    print(f"\n[image] MPIJob manifest as the operator runs it, 2 worker pods, 3 epochs: test "
+          f"accuracy {accuracy}; weights {weights[0]['params'][:16]} on both ranks")  # fmt: skip
+    assert accuracy > 0.90
 
 
 @pytest.mark.extra  # a second image build with its own Horovod compile: ~9 min cold

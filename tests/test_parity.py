@@ -8,6 +8,7 @@ allow-list below says why not. A script that only switches its import must not m
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import types
@@ -137,3 +138,59 @@ def test_the_compatibility_rule_itself():
     assert "positional" in incompatibility(s(horovod_like), s(reordered))
     assert incompatibility(s(horovod_like), s(reordered), positional_order=False) is None
     assert "required" in incompatibility(s(horovod_like), s(extra_required))
+
+
+# hvdkit.ray and hvdkit.spark against horovod.ray and horovod.spark.run (Horovod 0.28.1).
+ENGINE_ALLOWED = {
+    "horovod.ray.ElasticRayExecutor": "elastic training on Ray is not offered (README, On Ray)",
+}
+
+
+def test_ray_api_matches_horovods():
+    pytest.importorskip("ray", reason="Ray is not installed: make engines")
+    theirs, ours = importlib.import_module("horovod.ray"), importlib.import_module("hvdkit.ray")
+    problems = []
+    for name in public(theirs):
+        if f"horovod.ray.{name}" in ENGINE_ALLOWED:
+            continue
+        if not hasattr(ours, name):
+            problems.append(f"{name}: missing")
+            continue
+        a, b = getattr(theirs, name), getattr(ours, name)
+        members = [m for m in dir(a) if not m.startswith("_")] if inspect.isclass(a) else []
+        for label, x, y in [(name, a, b)] + [(f"{name}.{m}", getattr(a, m), getattr(b, m, None))
+                                             for m in members if callable(getattr(a, m))]:  # fmt: skip
+            if y is None:
+                problems.append(f"{label}: missing")
+                continue
+            why = incompatibility(signature(x), signature(y))
+            if why:
+                problems.append(f"{label}: {why}")
+    assert not problems, "hvdkit.ray vs horovod.ray:\n  " + "\n  ".join(problems)
+
+
+def test_spark_run_matches_horovods():
+    """horovod.spark does not import beside today's pyarrow, so its signature is read from
+    the installed source."""
+    import ast
+
+    spec = importlib.util.find_spec("horovod")
+    source = os.path.join(os.path.dirname(spec.origin), "spark", "runner.py")
+    tree = ast.parse(open(source).read())
+    (node,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
+    namespace: dict = {}
+    exec(f"def run({ast.unparse(node.args)}): pass", namespace)
+    import hvdkit.spark
+
+    assert incompatibility(inspect.signature(namespace["run"]),
+                           inspect.signature(hvdkit.spark.run)) is None  # fmt: skip
+    assert list(inspect.signature(hvdkit.spark.run).parameters) == list(
+        inspect.signature(namespace["run"]).parameters
+    )
+
+
+def test_engine_allow_list_names_only_what_horovod_has():
+    pytest.importorskip("ray", reason="Ray is not installed: make engines")
+    for key in ENGINE_ALLOWED:
+        module, _, name = key.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), key
