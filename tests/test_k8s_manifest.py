@@ -5,7 +5,7 @@ The run itself, as the operator runs it, is tests/test_docker_image.py's.
 
 The CRD is the operator's (kubeflow/mpi-operator, manifests/base/kubeflow.org_mpijobs.yaml);
 no package registry ships it, so the test reads a copy from ``$HVDKIT_MPIJOB_CRD`` or
-``~/.cache/hvdkit/k8s/`` (kept outside the clone like the wheel cache) and is skipped,
+``k8s/`` under hvdkit's cache (``~/.cache/hvdkit``, outside the clone, like the wheels) and is skipped,
 saying so, where there is none.
 """
 
@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from hvdkit.build.config import default_cache_dir
 from hvdkit.cli import build_parser
 
 yaml = pytest.importorskip("yaml")
 MANIFEST = ROOT / "examples" / "mpijob_pytorch_mnist.yaml"
-CACHE = Path.home() / ".cache" / "hvdkit" / "k8s"
+CACHE = default_cache_dir() / "k8s"
 
 
 def job() -> dict:
