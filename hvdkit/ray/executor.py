@@ -290,6 +290,7 @@ class RayExecutor:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         _connect(ray)
+        self._release(ray)  # a second start() replaces the workers of the first
         self._check_resources(ray)
         slots = self._place(ray)
         actor = ray.remote(BaseHorovodWorker)
