@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 
 from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile_text, parse_hosts_arg
 from hvdkit.launch.output import RankOutput, failure_message
@@ -259,3 +260,33 @@ def test_hosts_horovodrun_could_not_reach_are_named_with_ssh_s_reason():
     message = failure_message(out, {0: "node7"}, 1)
     assert message.startswith("hvdkit run: no rank started: cannot reach node7 (ssh: Could not")
     assert "hvdkit doctor --hostfile FILE" in message
+
+
+def test_the_launch_package_has_no_import_cycle():
+    """Every import between hvdkit.launch's modules, function-level ones included, goes one
+    way (shared names live in one home, not in modules that need each other)."""
+    import ast
+
+    package = ROOT / "hvdkit" / "launch"
+    names = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    edges: dict[str, set[str]] = {n: set() for n in names}
+    for name in names:
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.startswith("hvdkit.launch."):
+                    other = target.split(".")[2]
+                    if other in names and other != name:
+                        edges[name].add(other)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n}))
+                   for n in edges[start])  # fmt: skip
+
+    cycles = sorted(f"{a} <-> {b}" for a in names for b in edges[a] if reaches(b, a, {b}))
+    assert not cycles, cycles

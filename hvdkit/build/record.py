@@ -43,6 +43,13 @@ def read(path: Path = PATH) -> BuildRecord | None:
         return None
 
 
+def controllers(path: Path = PATH) -> list[str] | None:
+    """The controllers the record says this Horovod was built with (None without a record:
+    Horovod was installed some other way)."""
+    built = read(path)
+    return None if built is None else built.controllers
+
+
 def nccl_built(path: Path = PATH) -> bool:
     """Whether the installed Horovod (as recorded) reduces GPU tensors with NCCL."""
     built = read(path)

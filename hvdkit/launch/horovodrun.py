@@ -44,9 +44,9 @@ def _answer_build_checks_from_the_record() -> None:
     """horovodrun asks "built with Gloo? with MPI?" by loading each framework's Horovod
     extension in a new process, TensorFlow's first: seconds per launch, and TensorFlow's
     start-up logging even for a PyTorch-only job. hvdkit's build record already knows."""
-    from hvdkit.launch.runner import recorded_controllers
+    from hvdkit.build import record
 
-    built = recorded_controllers()
+    built = record.controllers()
     if built is None:
         return
     import horovod.runner.launch as launch

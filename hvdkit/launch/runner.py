@@ -37,20 +37,13 @@ def _marked(code: int) -> bool:
     return code >= 0
 
 
-def recorded_controllers() -> list[str] | None:
-    """The controllers hvdkit's build record says this Horovod was built with (None without a
-    record: Horovod was installed some other way)."""
-    from hvdkit.build import record
-
-    built = record.read()
-    return None if built is None else built.controllers
-
-
 def available_controllers(python: str = sys.executable) -> tuple[Controller, ...]:
     """Controllers this environment's Horovod can use: Gloo when built, MPI when built *and*
     ``mpirun`` is on PATH. Read from hvdkit's build record when there is one (fast), else from
     Horovod itself."""
-    built = recorded_controllers()
+    from hvdkit.build import record
+
+    built = record.controllers()
     if built is None:
         from hvdkit.build.matrix import MatrixError, read_matrix
 
