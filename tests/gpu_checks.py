@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import results
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "tests" / "workers" / "gpu_worker.py")
 TOL = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 5e-3,
@@ -85,11 +87,8 @@ class Checks:
         how = [f"--{self.controller}"] if self.controller else []
         rc, text, s = self.hvdkit("run", "-np", str(np), *how, "--", self.python, WORKER, *check,
                                   timeout=600, env=env)  # fmt: skip
-        by_rank = {}
-        for line in text.splitlines():
-            if "RESULT " in line:
-                r = json.loads(line.split("RESULT ", 1)[1])
-                by_rank[r["rank"]] = r
+        # The tests' reader: whole lines per rank first (MPI tags and cuts long lines).
+        by_rank = results(subprocess.CompletedProcess([], rc, stdout=text))
         if rc != 0 or sorted(by_rank) != list(range(np)):
             raise RuntimeError(f"exit {rc}, results from ranks {sorted(by_rank)}: {text[-600:]}")
         return by_rank | {-1: {"seconds": s}}

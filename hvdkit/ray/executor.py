@@ -24,17 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdkit.engines import world
+from hvdkit.engines.checks import answers, pickled, require
 from hvdkit.engines.rendezvous import Rendezvous, iface_holding
-
-INSTALL = "pip install 'hvdkit[ray]'"
 
 
 def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(f"hvdkit.ray needs Ray, which is not installed. Fix: {INSTALL}") from None
-    return ray
+    return require("ray", "hvdkit.ray", "ray")
 
 
 class WorkerError(RuntimeError):
@@ -110,15 +105,6 @@ class BaseHorovodWorker:
         self.queue = queue
 
 
-def _reachable(address: str, timeout: float = 3.0) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
 def _connect(ray: Any) -> None:
     """ray.init() as Horovod's users rely on (a local cluster, or RAY_ADDRESS), failing at once
     when a named cluster does not answer."""
@@ -130,7 +116,7 @@ def _connect(ray: Any) -> None:
             f"RAY_ADDRESS={address}: hvdkit.ray does not run through the Ray Client. Fix: run "
             "the driver on a node of the cluster, or submit it with `ray job submit`"
         )
-    if ":" in address and not _reachable(address):
+    if ":" in address and not answers(address):
         raise ConnectionError(
             f"no Ray cluster answers at RAY_ADDRESS={address}. Fix: start it (`ray start "
             "--head`), correct the address, or unset RAY_ADDRESS to start a local Ray"
@@ -362,23 +348,15 @@ class RayExecutor:
             raise RuntimeError("RayExecutor: call start() first (or again, after a failure)")
 
     @staticmethod
-    def _picklable(fn: Any, what: str) -> None:
+    def _picklable(fn: Any, payload: Any, what: str) -> None:
         from ray import cloudpickle
 
-        try:
-            cloudpickle.dumps(fn)
-        except Exception as exc:
-            raise TypeError(
-                f"RayExecutor.{what}: {getattr(fn, '__name__', fn)!r} cannot be pickled to send "
-                f"to the workers ({type(exc).__name__}: {exc}). Fix: define it at module level, "
-                "and pass what it needs as args rather than capturing locks, open files, "
-                "sockets or clients"
-            ) from exc
+        pickled(cloudpickle.dumps, fn, payload, f"RayExecutor.{what}")
 
     def execute(self, fn: Callable[[Any], Any], callbacks: list | None = None) -> list[Any]:
         """``fn(executable)`` on every rank; the results in rank order."""
         self._started()
-        self._picklable(fn, "execute")
+        self._picklable(fn, fn, "execute")
         return self._gather([w.execute.remote(fn) for w in self.workers])
 
     def run(
@@ -390,7 +368,7 @@ class RayExecutor:
     ) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
         self._started()
-        self._picklable((fn, args, kwargs), "run")
+        self._picklable(fn, (fn, args, kwargs), "run")
         return self._gather(self.run_remote(fn, args, kwargs))
 
     def run_remote(

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hvdkit.engines import world
+from hvdkit.engines.checks import answers, pickled, require
 from hvdkit.engines.rendezvous import Rendezvous, iface_holding, put
 
-INSTALL = "pip install 'hvdkit[spark]'"
 _jobs = itertools.count()
 
 
@@ -36,21 +36,7 @@ class TaskError(RuntimeError):
 
 
 def _pyspark() -> Any:
-    try:
-        import pyspark
-    except ImportError:
-        raise ImportError(
-            f"hvdkit.spark needs pyspark, which is not installed. Fix: {INSTALL}"
-        ) from None
-    return pyspark
-
-
-def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    return require("pyspark", "hvdkit.spark", "spark")
 
 
 def _check_cluster(sc: Any, num_proc: int) -> None:
@@ -59,8 +45,7 @@ def _check_cluster(sc: Any, num_proc: int) -> None:
     master = sc.master
     if master.startswith("spark://"):
         for hostport in master[len("spark://") :].split(","):
-            host, _, port = hostport.rpartition(":")
-            if not _reachable(host, int(port)):
+            if not answers(hostport):
                 raise ConnectionError(
                     f"hvdkit.spark.run: the Spark master {master} does not answer. Fix: "
                     "start it, or point the SparkSession at a running one"
@@ -160,15 +145,8 @@ def run(
         )
     num_proc = num_proc or sc.defaultParallelism
     _check_cluster(sc, num_proc)
-    try:
-        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
-    except Exception as exc:
-        raise TypeError(
-            f"hvdkit.spark.run: {getattr(fn, '__name__', fn)!r} or its arguments cannot be "
-            f"pickled for the Spark tasks ({type(exc).__name__}: {exc}). Fix: define it at "
-            "module level, and pass data rather than locks, open files, sockets or the "
-            "SparkContext"
-        ) from exc
+    payload = pickled(cloudpickle.dumps, fn, (fn, tuple(args), dict(kwargs or {})),
+                      "hvdkit.spark.run")  # fmt: skip
     if start_timeout is None:
         start_timeout = float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT", "600"))
     nic_list = sorted(nics) if nics else None
