@@ -68,7 +68,6 @@ BUDGETED: dict[str, float] = {
     "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 25,
     "test_torch_adapter.py::test_gradient_accumulation_matches_one_big_step": 15,
     "test_torch_adapter.py::test_uneven_shards_finish_and_checkpoint_once": 15,
-    "test_torch_adapter.py::test_warmup_reaches_size_times_lr_and_composes_with_scheduler": 15,
     "test_torch_sync.py::test_lazy_modules_get_a_clear_error_on_every_rank": 15,
     "test_keras_adapter.py::test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast"
     "[torch]": 95,

@@ -95,16 +95,21 @@ def test_corrupt_checkpoint_fails_on_every_rank_naming_the_file(tmp_path):
 
 
 def test_warmup_reaches_size_times_lr_and_composes_with_scheduler():
+    """With a scheduler made before setup() and given to it, and one made after it on the
+    session's optimizer (which used to crash in torch's step check)."""
     r = results(horovodrun("torch_worker.py", "warmup"))
     # base LR 0.1 halved every 3 steps by StepLR; multiplier 1 -> 2 over 4 warmup steps.
     base = [0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025]
     multiplier = [1.0, 1.25, 1.5, 1.75, 2.0, 2.0, 2.0]
     for rank in (0, 1):
-        assert r[rank]["lrs"] == pytest.approx(
-            [b * m for b, m in zip(base, multiplier, strict=True)]
-        )
-    # Outside the step the group shows the scheduler's single-process LR.
-    assert r[0]["group_lr"] == pytest.approx(0.025)
+        for when in ("before", "after"):
+            assert r[rank][f"lrs_{when}"] == pytest.approx(
+                [b * m for b, m in zip(base, multiplier, strict=True)]
+            ), when
+            # Outside the step the group shows the scheduler's single-process LR.
+            assert r[rank][f"group_lr_{when}"] == pytest.approx(0.025)
+        # torch's "lr_scheduler.step() before optimizer.step()" check sees the steps.
+        assert r[rank]["warnings"] == []
 
 
 def test_metric_average_is_exact_on_unequal_shards():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import pickle
 import random
+import types
 from pathlib import Path
 from typing import Any, cast
 
@@ -98,7 +99,7 @@ class TorchAdapter(Adapter):
     def _scale_lr(self, warmup: Warmup) -> None:
         inner_step = self.optimizer.step
 
-        def step(*args: Any, **kwargs: Any) -> Any:
+        def step(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             # The multiplier is applied around the step only, so the user's scheduler keeps
             # seeing (and setting) single-process LRs and composes with the scaling. It is
             # read from self.warmup, which an elastic reset replaces.
@@ -114,7 +115,10 @@ class TorchAdapter(Adapter):
                     group["lr"] = lr
                 self.step_count += 1
 
-        self.optimizer.step = step  # type: ignore[method-assign]  # this instance's only
+        # A bound method, this instance's only: an LR scheduler made on it later wraps
+        # `step.__func__` (torch's check that the optimizer stepped first), which a plain
+        # function lacks.
+        self.optimizer.step = types.MethodType(step, self.optimizer)  # type: ignore[method-assign]
 
     def _read_checkpoint(self, path: Path) -> dict[str, Any]:
         try:

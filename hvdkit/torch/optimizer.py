@@ -87,7 +87,23 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         process_set=process_set,
     )
     wrapped.zero_grad = types.MethodType(_zero_grad, wrapped)
+    if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
+        _tell_schedulers(optimizer, wrapped)
     return wrapped
+
+
+def _tell_schedulers(optimizer: torch.optim.Optimizer, wrapped: torch.optim.Optimizer) -> None:
+    """An LR scheduler made on ``optimizer`` before it was wrapped checks, at its first step,
+    that ``optimizer`` stepped (torch's wrapper of ``optimizer.step`` sets ``_opt_called``);
+    the steps go through ``wrapped`` now, so they set it too. Otherwise torch warns "Detected
+    call of `lr_scheduler.step()` before `optimizer.step()`" on every rank."""
+    step = wrapped.step
+
+    def marking_step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return step(*args, **kwargs)
+
+    wrapped.step = types.MethodType(marking_step, wrapped)  # type: ignore[method-assign]
 
 
 def backward_and_step(

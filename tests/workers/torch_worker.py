@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -169,20 +170,33 @@ def sharp_edges(args):
 
 
 def warmup(args):
-    """Effective LR per step, read off SGD's update of a weight whose gradient is 1."""
-    w = torch.nn.Linear(1, 1, bias=False)
-    torch.nn.init.zeros_(w.weight)
-    opt = torch.optim.SGD(w.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-    session = hvd.setup(w, opt, scheduler=sched, warmup_steps=4)
-    lrs = []
-    for _ in range(7):
-        before = w.weight.item()
-        session.optimizer.zero_grad()
-        session.backward_and_step(w.weight.sum())
-        session.scheduler.step()
-        lrs.append(before - w.weight.item())
-    emit(lrs=lrs, group_lr=session.optimizer.param_groups[0]["lr"])
+    """Effective LR per step, read off SGD's update of a weight whose gradient is 1, with the
+    scheduler made before setup() (given to it) and after it (on the session's optimizer),
+    and the warnings torch gave about the order of the steps."""
+    out = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for when in ("before", "after"):
+            w = torch.nn.Linear(1, 1, bias=False)
+            torch.nn.init.zeros_(w.weight)
+            opt = torch.optim.SGD(w.parameters(), lr=0.1)
+            if when == "before":
+                sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+                session = hvd.setup(w, opt, scheduler=sched, warmup_steps=4)
+            else:
+                session = hvd.setup(w, opt, warmup_steps=4)
+                sched = torch.optim.lr_scheduler.StepLR(session.optimizer, 3, gamma=0.5)
+            lrs = []
+            for _ in range(7):
+                before = w.weight.item()
+                session.optimizer.zero_grad()
+                session.backward_and_step(w.weight.sum())
+                sched.step()
+                lrs.append(before - w.weight.item())
+            out[f"lrs_{when}"] = lrs
+            out[f"group_lr_{when}"] = session.optimizer.param_groups[0]["lr"]
+    out["warnings"] = [str(c.message)[:120] for c in caught if "lr_scheduler" in str(c.message)]
+    emit(**out)
 
 
 def metrics(args):
