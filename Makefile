@@ -26,8 +26,14 @@ LINT_STAMP := $(VENV)/.hvdkit-lint
 # Ray and pyspark for the tests of hvdkit.ray and hvdkit.spark (not in the images).
 ENGINES_STACK := hvdkit/build/stack-engines.txt
 ENGINES_STAMP := $(VENV)/.hvdkit-engines
+# The docs site's tools (mkdocs, Material, mkdocstrings), for `make docs` and tests/test_docs.py.
+DOCS_STACK := hvdkit/build/stack-docs.txt
+DOCS_STAMP := $(VENV)/.hvdkit-docs
+# Where `make docs-check` saves its screenshots.
+DOCS_CHECK_OUT ?= docs-check
 
-.PHONY: setup stack engines run test test-fast test-all matrix image-gpu gpu-check lint sweep doctor clean
+.PHONY: setup stack engines docs docs-deps docs-check run test test-fast test-all matrix image-gpu gpu-check lint \
+	sweep doctor clean
 
 setup: $(STAMP)
 	$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)
@@ -64,15 +70,15 @@ stack:
 run: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/hvdkit run --hostfile hostfiles/localhost -- $(BIN)/python examples/keras_mnist.py --epochs 10
 
-test: setup engines
+test: setup engines docs-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# What CI leaves out for time (README, "Tests and CI"): the whole compatibility matrix and
+# What CI leaves out for time (docs/development.md, "Tests and CI"): the whole compatibility matrix and
 # the tests marked `extra`, after everything CI runs.
-test-all: setup engines
+test-all: setup engines docs-deps
 	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory matrix
 
@@ -83,13 +89,13 @@ matrix: setup
 	$(BIN)/python tests/matrix.py $(MATRIX_ARGS)
 
 # The GPU image (docker/Dockerfile.gpu) built here with podman or Docker and checked without
-# a GPU; left out of CI for time (README, "Docker").
+# a GPU; left out of CI for time (docs/guides/docker.md).
 image-gpu: setup
 	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -s tests/test_docker_image.py -k gpu_image $(PYTEST_ARGS)
 
 # The GPU checks (tests/gpu_checks.py) on a machine with an NVIDIA GPU, in the environment
 # whose CUDA torch you train with (GPU_PYTHON): builds Horovod with NCCL, then without, and
-# writes gpu-report/. Not in CI (no GPU there); README, "What has run on a GPU".
+# writes gpu-report/. Not in CI (no GPU there); docs/guides/gpus.md, "What has run on a GPU".
 GPU_PYTHON ?= python3
 GPU_CHECK_ARGS ?=
 gpu-check:
@@ -100,6 +106,26 @@ engines: setup $(ENGINES_STAMP)
 $(ENGINES_STAMP): $(ENGINES_STACK)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(ENGINES_STACK)
 	touch $(ENGINES_STAMP)
+
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link, a page missing from
+# the nav or an unresolved API reference fails the build. It needs hvdkit installed (the CLI
+# reference is its --help), not Horovod's build.
+docs: $(STAMP) docs-deps
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-deps: $(STAMP) $(DOCS_STAMP)
+
+$(DOCS_STAMP): $(DOCS_STACK)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(DOCS_STACK)
+	touch $(DOCS_STAMP)
+
+# The built site in a real browser (Debian's chromium, installed when missing and root): every
+# page renders with the whole navigation, search answers; screenshots in $(DOCS_CHECK_OUT)/.
+docs-check: docs
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  apt-get install -y -q --no-install-recommends chromium; } || { \
+	  echo "error: docs-check needs chromium. Fix: sudo apt-get install chromium"; exit 1; }
+	$(BIN)/python tests/docs_check.py --site site --out $(DOCS_CHECK_OUT)
 
 # ruff (style, imports, bugs) and mypy (types) over the package; settings in pyproject.toml.
 lint: setup $(LINT_STAMP)
@@ -118,4 +144,4 @@ doctor: setup
 	$(BIN)/hvdkit doctor
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site

@@ -10,7 +10,7 @@ lost worker ends ``fit`` on every rank; the session puts back the last commit (e
 ``--commit-every`` batches and each epoch end), re-initialises Horovod at the new size,
 rescales the LR and calls ``fit`` again on a new shard. Rank 0 prints each reset with its time
 and the steps redone. Horovod's own shape (``hvd.elastic.KerasState`` and its callbacks under
-``@hvd.elastic.run``) works too: see the README. Data as in keras_mnist.py (a local MNIST
+``@hvd.elastic.run``) works too: see docs/guides/elastic.md. Data as in keras_mnist.py (a local MNIST
 copy, else scikit-learn's digits).
 """
 

@@ -1,6 +1,6 @@
 """The six steps of data-parallel training with Horovod, in one place that owns their order.
 
-The steps, numbered as in the README and the examples:
+The steps, numbered as in the docs (docs/index.md) and the examples:
 
 1. init Horovod, and learn where this process sits (:class:`Topology`);
 2. pin one GPU per process by local rank (on a CPU: a share of the cores);

@@ -1,4 +1,4 @@
-"""CI's time budget (README, "Tests and CI").
+"""CI's time budget (docs/development.md, "Tests and CI").
 
 CI must finish within 50 minutes on a fresh machine, where it compiles Horovod twice (the
 project's stack, and the matrix cell's NCCL build) and builds the CPU image before any test

@@ -3,7 +3,8 @@ else podman with the flags this kind of machine needs (``../shared/STACK.md``, "
 these machines"): the runc runtime, rlimits at or below the hard ones, Docker-format builds
 (so ``SHELL``'s pipefail applies) and host networking for the build's gate.
 
-The build is the README's command with this machine's package sources as build arguments: the
+The build is docs/guides/docker.md's command with this machine's package sources as build
+arguments: the
 indexes, wheel folder and CA bundle from ``pip config`` (local paths mounted read-only), and
 hvdkit's Horovod wheel cache mounted, so a matching wheel is installed, not compiled again.
 """
@@ -170,7 +171,7 @@ def build(
     build_args: tuple[str, ...] = (),
     dockerfile: str = "docker/Dockerfile.cpu",
 ) -> tuple[float, list[str]]:
-    """Build an image as the README says (plus ``build_args``, ``NAME=VALUE``), with this
+    """Build an image as docs/guides/docker.md says (plus ``build_args``, ``NAME=VALUE``), with this
     machine's sources; the seconds it took and the command (for the record). The base goes to
     both the CPU image's ``PYTHON_IMAGE`` and the GPU image's two stages."""
     args, mounts = pip_sources()

@@ -123,7 +123,7 @@ class Row:
 
 
 def render(rows: list[Row]) -> str:
-    """The Markdown table the README shows."""
+    """The Markdown table docs/guides/install.md shows."""
     lines = [
         "| cell | versions | install | Horovod build | doctor | 2-rank checks |",
         "|---|---|---|---|---|---|",

@@ -1,4 +1,4 @@
-"""What a newcomer sees: the README's `make run` and a two-rank PyTorch job through `hvdkit
+"""What a newcomer sees: the docs' `make run` and a two-rank PyTorch job through `hvdkit
 run` print whole lines, no framework start-up noise, and their accuracy line."""
 
 from __future__ import annotations

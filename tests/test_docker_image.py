@@ -1,7 +1,8 @@
 """The CPU image for real: built with whichever engine exists (tests/containers.py), then
 ``hvdkit doctor`` and a 2-rank Keras MNIST run inside it as the non-root user, and two
 containers as two hosts (each in its own network namespace, sshd started by the image's
-helper) reduced across by ``hvdkit run --hostfile``: the README's multi-node recipe; and the
+helper) reduced across by ``hvdkit run --hostfile``: the multi-node recipe of
+docs/guides/docker.md; and the
 Kubeflow MPIJob example run as the MPI Operator runs it, training to equal weights."""
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def test_image_passes_doctor_and_trains_keras_mnist_as_non_root(image):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     accuracy = float(re.search(r"test accuracy: ([\d.]+)", out.stdout).group(1))
     print(f"[image] keras_mnist in the image, 2 ranks, 10 epochs: test accuracy {accuracy}")
-    assert accuracy > 0.90  # the README's "about 0.95" on the digits fallback
+    assert accuracy > 0.90  # the docs' "about 0.95" on the digits fallback
 
 
 class ContainerHosts(TwoHosts):
@@ -146,8 +147,8 @@ class ContainerHosts(TwoHosts):
 
 def test_two_containers_reduce_as_two_hosts_over_ssh(image, tmp_path):
     """The launching container and the two "hosts" each in a network namespace of
-    tests/netns.py; the hosts run the image's sshd with the user's keys mounted (the README's
-    recipe). The allreduce is right on both ranks, each in its own host. (Training across
+    tests/netns.py; the hosts run the image's sshd with the user's keys mounted (the recipe of
+    docs/guides/docker.md). The allreduce is right on both ranks, each in its own host. (Training across
     such containers to equal weights: the MPIJob test below.)"""
     reason = ensure_tools()
     if reason:
@@ -240,7 +241,7 @@ def test_the_mpijob_manifest_trains_as_the_operator_runs_it(image, tmp_path):
     """examples/mpijob_pytorch_mnist.yaml's launcher arguments and worker command, run as the
     MPI Operator runs them (its Secret read-only, its hostfile, the pods' DNS names): `hvdkit
     run` takes the hosts from /etc/mpi/hostfile, the workers' sshd takes the operator's key,
-    the example reaches the README's accuracy, and a training run ends equal on both ranks."""
+    the example reaches the docs' accuracy, and a training run ends equal on both ranks."""
     reason = ensure_tools()
     if reason:
         pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)

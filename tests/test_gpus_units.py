@@ -1,5 +1,5 @@
 """The GPU rules (hvdkit.gpus) and doctor's GPU section (hvdkit.doctor.gpu), pure, on the
-formats nvidia-smi prints. What needs a GPU runs on a lent GPU machine (README, "GPUs")."""
+formats nvidia-smi prints. What needs a GPU runs on a lent GPU machine (docs/guides/gpus.md)."""
 
 from __future__ import annotations
 

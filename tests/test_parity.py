@@ -142,7 +142,7 @@ def test_the_compatibility_rule_itself():
 
 # hvdkit.ray and hvdkit.spark against horovod.ray and horovod.spark.run (Horovod 0.28.1).
 ENGINE_ALLOWED = {
-    "horovod.ray.ElasticRayExecutor": "elastic training on Ray is not offered (README, On Ray)",
+    "horovod.ray.ElasticRayExecutor": "elastic training on Ray is not offered (docs/guides/ray-spark.md)",
 }
 
 

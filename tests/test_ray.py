@@ -145,7 +145,7 @@ def free_port() -> int:
 def test_two_ray_nodes_started_with_ray_start(tmp_path):
     """`ray start --head` and `ray start --address` (one CPU each, this machine): with
     num_hosts=2 each rank is on its own node (a Horovod host of its own), and the example
-    trains through the executor to the README's accuracy."""
+    trains through the executor to the docs' accuracy."""
     ray.shutdown()  # the local Ray of the tests above
     port = free_port()
     env = {**os.environ, **QUIET}

@@ -138,7 +138,7 @@ def test_usr1_checkpoints_requeues_and_resumes_to_uninterrupted_weights(cluster,
 
 def test_the_sbatch_example_trains_mnist_on_two_nodes(cluster):
     """examples/slurm_pytorch_mnist.sbatch as a user submits it (its #SBATCH lines: 2 nodes,
-    one task each, --signal, --requeue), shortened to 4 epochs: the README's accuracy, ranks
+    one task each, --signal, --requeue), shortened to 4 epochs: the docs' accuracy, ranks
     kept identical by the session's sync guard at every epoch end."""
     output = cluster.dir / "mnist.out"
     out = cluster.run(

@@ -1,6 +1,6 @@
 """Which fixes a Horovod build needs on this machine: a pure function of :class:`BuildEnv`.
 
-Every remedy answers one failure measured on today's toolchain (see the README's
+Every remedy answers one failure measured on today's toolchain (see docs/guides/troubleshooting.md's
 troubleshooting table, generated from :data:`KNOWN_FAILURES`). Remedies are chosen only when
 the probed versions call for them, so a machine that does not need a fix does not get it.
 """

@@ -22,7 +22,7 @@ CONTROLLERS = ("gloo", "mpi")
 # collective every cycle (1 ms), and Open MPI busy-polls while it waits; on a CPU host whose
 # cores the ranks' compute already fills, that spinning thread takes its core from the compute
 # (measured on 2 cores, 2 ranks: plain compute at 0.69 of its one-rank speed, 1.05 with
-# yielding; `hvdkit bench`, README "Benchmarks"). Open MPI yields by itself only when it sees
+# yielding; `hvdkit bench`, docs/guides/benchmarks.md). Open MPI yields by itself only when it sees
 # more processes than slots, which an extra thread is not.
 MPI_DEFAULT_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 

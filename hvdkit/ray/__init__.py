@@ -12,7 +12,7 @@ served by the driver, each rank's result returned in rank order::
     executor.shutdown()
 
 Importing this module needs no Ray; using it does (``pip install 'hvdkit[ray]'``).
-:class:`ElasticRayExecutor` is not provided (see the README, "On Ray").
+:class:`ElasticRayExecutor` is not provided (see docs/guides/ray-spark.md).
 """
 
 from hvdkit.ray.executor import BaseHorovodWorker, MiniSettings, RayExecutor, WorkerError
