@@ -54,6 +54,22 @@ BUDGETED: dict[str, float] = {
     "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
     "[torch-float]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
+    # The docs' examples (tests/test_docs.py): the quick starts (PyTorch and Keras on 2 ranks,
+    # equal weights) stay in the core, and these repeat what the adapters' tests run.
+    "test_docs.py::test_the_docs_code_runs[first-run]": 15,
+    "test_docs.py::test_the_docs_code_runs[torch-session]": 12,
+    "test_docs.py::test_the_docs_code_runs[keras-horovod-style]": 15,
+    "test_docs.py::test_the_docs_code_runs[keras-setup]": 15,
+    "test_docs.py::test_the_docs_code_runs[tf-custom-loop]": 20,
+    "test_docs.py::test_the_docs_code_runs[ray-executor]": 15,
+    "test_docs.py::test_the_docs_code_runs[spark-run]": 25,
+    "test_docs.py::test_the_docs_code_runs[migrating-imports]": 12,
+    "test_docs.py::test_the_docs_code_runs[torch-import]": 5,
+    # Moved here for the docs' tests (2026-11-26): the quick starts train to equal weights on
+    # 2 ranks through setup() on both frameworks, and first-run trains this example.
+    "test_examples_torch.py::test_mnist_mlp_reaches_90_percent_on_digits": 35,
+    "test_torch_adapter.py::test_params_identical_on_all_ranks_after_training[gloo]": 15,
+    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit[tensorflow-fit]": 20,
     # Engines: local Ray and local[2] Spark runs, and bad input, stay in the core.
     "test_ray.py::test_two_ray_nodes_started_with_ray_start": 75,
     "test_ray.py::test_a_failing_rank_or_a_killed_actor_stops_the_job": 30,
