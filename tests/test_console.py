@@ -3,6 +3,7 @@ run` print whole lines, no framework start-up noise, and their accuracy line."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -71,3 +72,30 @@ def test_the_suites_result_reader_rejoins_a_line_mpi_cut():
     )
     out = results(subprocess.CompletedProcess([], 0, text, ""))
     assert out == {0: {"rank": 0}, 1: {"rank": 1, "weights": [1.5, 2.5], "ok": True}}
+
+
+def test_a_keras_progress_bar_leaves_one_clean_line_per_epoch_in_a_log(tmp_path):
+    """Keras draws its bar with colours and backspaces whatever its output is. Into a pipe,
+    `hvdkit run` writes each epoch's final bar once, without escape codes; under MPI (a tag per
+    write) the bar's updates used to come out as lines of horovodrun's own."""
+    script = tmp_path / "fit.py"
+    script.write_text(
+        "import keras, numpy as np\n"
+        "import hvdkit.keras as hvd\n"
+        "hvd.init()\n"
+        "x = np.random.default_rng(0).normal(size=(256, 8)).astype('float32')\n"
+        "model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])\n"
+        "session = hvd.setup(model, keras.optimizers.SGD(0.01))\n"
+        "model.compile(optimizer=session.optimizer, loss='mse')\n"
+        "session.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=1)\n"
+    )
+    out = subprocess.run(
+        [HVDKIT, "run", "-np", "2", "--mpi", "--", sys.executable, str(script)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, "KERAS_BACKEND": "torch"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = check_console(out.stdout)
+    bars = [line for line in lines if re.match(r"^\s*\d+/16 ", line)]
+    assert lines.count("Epoch 1/2") == 1 and len(bars) == 2, out.stdout
+    assert all(line.startswith("16/16 ") for line in bars), bars

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from conftest import ROOT
 
@@ -217,6 +219,19 @@ def test_demux_makes_whole_lines_from_mpi_and_gloo_pieces():
     assert d.feed("Process 1 exit with status code 7.\n", "stdout") == [
         Piece(None, "stdout", "Process 1 exit with status code 7.")
     ]
+    # MPI tags each write; reading horovodrun line by line also cuts at "\r", so the rest of a
+    # Keras progress write ("\b...\rbar") starts the next chunk before any tag: still rank 0's.
+    raw = ("[1,0]<stdout>:Epoch 1/3\n[1,0]<stdout>:\rbar1[1,0]<stdout>:\b\b\b\b\rbar2"
+           "[1,0]<stdout>:\b\b\b\b\rbar3\nProcess 1 exit with status code 0.\n")  # fmt: skip
+    pieces = [p for chunk in io.StringIO(raw, newline="") for p in d.feed(chunk, "stdout")]
+    assert [(p.rank, p.text, p.progress) for p in pieces] == [
+        (0, "Epoch 1/3", False), (0, "", True), (0, "bar1\b\b\b\b", True),
+        (0, "bar2\b\b\b\b", True), (0, "bar3", False),
+        (None, "Process 1 exit with status code 0.", False),
+    ]  # fmt: skip
+    colored = Piece(0, "stdout", "\x1b[1m16/16\x1b[0m \x1b[32m━━\x1b[0m - loss: 0.2\b\b")
+    assert render(colored, terminal=False) == "16/16 ━━ - loss: 0.2"
+    assert render(colored) == colored.text  # a terminal shows them
     assert d.feed("[2]<stdout>:no newline yet", "stdout") == []
     assert d.flush() == [Piece(2, "stdout", "no newline yet")]
     assert render(Piece(0, "stdout", "x")) == "x"

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 
 TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
+# What only a terminal shows right: colours and cursor moves (CSI sequences), backspaces.
+TERMINAL_ONLY = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x08")
 
 # Lines TensorFlow's C++ runtime prints at import, whatever TF_CPP_MIN_LOG_LEVEL says: info
 # lines of absl's pre-init logging, and the benign warnings/errors of a CPU-only machine.
@@ -68,20 +70,28 @@ class Demux:
 
     def __init__(self) -> None:
         self._partial: dict[tuple[int, str], str] = {}
+        # The rank piece a chunk ended inside: horovodrun's output is read line by line, and
+        # a line also ends at "\r", so under MPI (a tag per write) the rest of a progress
+        # bar's write ("\rbar") starts the next chunk, before any tag.
+        self._open: dict[str, tuple[int, str] | None] = {}
 
     def feed(self, chunk: str, stream: str) -> list[Piece]:
         """Pieces completed by ``chunk`` (what horovodrun wrote to its ``stream``)."""
         out: list[Piece] = []
         matches = list(TAG.finditer(chunk))
         head = chunk[: matches[0].start()] if matches else chunk
-        if head:
+        open_key = self._open.get(stream)
+        if head and open_key is not None:
+            out.extend(self._add(open_key, head))
+        elif head:
             # Untagged: horovodrun's own text (whole lines as it writes them).
             for line in head.splitlines():
                 out.append(Piece(None, stream, line))
         for i, match in enumerate(matches):
             end = matches[i + 1].start() if i + 1 < len(matches) else len(chunk)
-            key = (int(match.group(1)), match.group(2))
-            out.extend(self._add(key, chunk[match.end() : end]))
+            open_key = (int(match.group(1)), match.group(2))
+            out.extend(self._add(open_key, chunk[match.end() : end]))
+        self._open[stream] = None if chunk.endswith("\n") else open_key
         return out
 
     def _add(self, key: tuple[int, str], text: str) -> list[Piece]:
@@ -106,9 +116,12 @@ class Demux:
         return out
 
 
-def render(piece: Piece) -> str:
+def render(piece: Piece, terminal: bool = True) -> str:
     """The line as shown: rank 0's stdout and horovodrun's own text unprefixed, every other
-    rank's line and every stderr line of a rank prefixed ``[rank N] ``."""
+    rank's line and every stderr line of a rank prefixed ``[rank N] ``. Not on a ``terminal``
+    (a log, a pipe) without colours and backspaces: a progress bar that draws them whatever
+    its output is (Keras's, on any POSIX system) leaves none in the log."""
+    text = piece.text if terminal else TERMINAL_ONLY.sub("", piece.text)
     if piece.rank is None or (piece.rank == 0 and piece.stream == "stdout"):
-        return piece.text
-    return f"[rank {piece.rank}] {piece.text}"
+        return text
+    return f"[rank {piece.rank}] {text}"

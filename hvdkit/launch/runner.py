@@ -101,7 +101,8 @@ class Console:
         with self._lock:
             if piece.progress:
                 if piece.rank in (None, 0) and sink.isatty():
-                    sink.write("\r" + render(piece) + "\x1b[K")
+                    # Keras ends each state with the backspaces of the next: "\r" does it.
+                    sink.write("\r" + render(piece).rstrip("\b") + "\x1b[K")
                     sink.flush()
                     self._progress_on = sink
                 return
@@ -109,7 +110,7 @@ class Console:
                 self._progress_on.write("\r\x1b[K")
                 self._progress_on.flush()
                 self._progress_on = None
-            sink.write(render(piece) + "\n")
+            sink.write(render(piece, terminal=sink.isatty()) + "\n")
             sink.flush()
 
 
