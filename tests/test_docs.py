@@ -36,12 +36,12 @@ def _digest(model):
     arrays = (model.get_weights() if hasattr(model, "get_weights")
               else [t.detach().cpu().numpy() for t in model.state_dict().values()])
     return _hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
-# A list holds one result per rank (an engine's run); else this process is one rank.
-_ranks = ({var} if isinstance({var}, (list, tuple))
-          else {{next((_os.environ[v] for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK")
-                      if v in _os.environ), "0"): {var}}})  # Gloo's, MPI's
-for _rank, _value in (enumerate(_ranks) if isinstance(_ranks, (list, tuple)) else _ranks.items()):
-    with open(_os.path.join({out!r}, f"weights-rank{{_rank}}"), "w") as _f:
+# A list holds one result per rank (an engine's run); else this process is one rank, named
+# by Gloo's or MPI's variable.
+_rank = _os.environ.get("HOROVOD_RANK", _os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+_pairs = (enumerate({var}) if isinstance({var}, (list, tuple)) else [(_rank, {var})])
+for _r, _value in _pairs:
+    with open(_os.path.join({out!r}, f"weights-rank{{_r}}"), "w") as _f:
         _f.write(_digest(_value))
 """
 
