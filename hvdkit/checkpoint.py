@@ -9,7 +9,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 class CheckpointError(RuntimeError):
@@ -36,6 +36,9 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        # mkstemp makes the file 0600; a checkpoint gets the mode any new file would, so a
+        # group-shared directory (umask 002) stays shared.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -48,9 +51,42 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         os.close(dir_fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path | str, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(fileobj)`` into a temporary file beside ``path`` and rename it to ``path``
     (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         write(fh)
     return Path(path)
+
+
+def plain_extra(extra: dict[str, Any], allowed: tuple[type, ...]) -> dict[str, Any]:
+    """``extra`` as a checkpoint can hold it: lists, tuples and dicts of the ``allowed``
+    leaf types; numpy scalars become the Python numbers they hold (``np.float64(0.5)`` is
+    ``0.5``). Anything else raises ``TypeError`` naming where it is in ``extra`` and what to
+    pass instead, when ``save()`` is called, not on the next start's resume."""
+
+    def plain(value: Any, where: str) -> Any:
+        if isinstance(value, dict):
+            return {k: plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            items = [plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return items if isinstance(value, list) else tuple(items)
+        if type(value).__module__ == "numpy" and hasattr(value, "item") and not value.shape:
+            return value.item()  # a numpy scalar: np.float64, np.int32, np.bool_...
+        if isinstance(value, allowed):
+            return value
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        names = ", ".join(t.__name__ for t in allowed if t is not type(None))
+        raise TypeError(
+            f"save(): extra {where} is a {kind}, which a checkpoint cannot hold. Fix: pass "
+            f"one of {names}, None, or lists, tuples and dicts of them (e.g. str(path), "
+            "array.tolist())"
+        )
+
+    return {key: plain(value, repr(key)) for key, value in extra.items()}

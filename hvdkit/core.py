@@ -101,6 +101,23 @@ class SetupConfig:
             raise ValueError(f"op={self.op!r}: use one of {OPS}")
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"compression={self.compression!r}: use one of {COMPRESSIONS}")
+        if self.op == "adasum":
+            # Horovod's Adasum optimizer cannot skip its own synchronization, which the
+            # session's backward/reduce/clip/step order needs (the first step failed inside
+            # Horovod: "Skipping synchronization is not supported when using Adasum").
+            raise ValueError(
+                "op='adasum' is not supported by setup(): its step order (reduce, clip, step) "
+                "needs a synchronization Adasum cannot skip. Fix: use op='average', or wrap "
+                "the optimizer yourself as Horovod does (DistributedOptimizer(optimizer, "
+                "op=hvd.Adasum), then loss.backward() and optimizer.step())"
+            )
+        if self.op == "sum" and self.lr_scaling == "size":
+            raise ValueError(
+                "op='sum' with lr_scaling='size': the summed gradient is already the number "
+                "of ranks times the average, and the LR would be multiplied by it once more "
+                "(a step N times too large). Fix: pass lr_scaling='none' with op='sum', or "
+                "use op='average' (the default)"
+            )
         if self.backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be >= 1")
         if self.commit_every < 1:

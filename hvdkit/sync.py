@@ -33,14 +33,23 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+CHUNK = 1 << 20
+"""Elements summarised at a time: the guard's extra memory is a few chunks, not a copy of the
+model (a 7B model's float64 copy would be 56 GB a rank)."""
+
+
 def fingerprint(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Per array: its sum, a position-weighted sum (so permuted values differ) and the sum of
-    absolute values (the scale for the tolerance), float64; shape ``(len(arrays), 3)``."""
+    """Per array: its sum, a position-weighted sum (so permuted values differ; the weights
+    run from 1 to 2 along the flattened array) and the sum of absolute values (the scale for
+    the tolerance), float64; shape ``(len(arrays), 3)``. Computed a chunk at a time."""
     out = np.zeros((len(arrays), 3), dtype=np.float64)
     for i, array in enumerate(arrays):
-        flat = np.asarray(array, dtype=np.float64).ravel()
-        if flat.size:
-            out[i] = flat.sum(), flat @ np.linspace(1.0, 2.0, flat.size), np.abs(flat).sum()
+        flat = np.asarray(array).reshape(-1)
+        step = 1.0 / (flat.size - 1) if flat.size > 1 else 0.0
+        for start in range(0, flat.size, CHUNK):
+            chunk = flat[start : start + CHUNK].astype(np.float64)
+            weights = 1.0 + np.arange(start, start + chunk.size, dtype=np.float64) * step
+            out[i] += chunk.sum(), chunk @ weights, np.abs(chunk).sum()
     return out
 
 

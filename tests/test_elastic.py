@@ -128,6 +128,8 @@ def test_session_elastic_true_survives_a_kill_with_the_plain_session_loop(tmp_pa
     ranks = [survivor, rejoined]
     assert survivor["steps"] == rejoined["steps"]
     assert all(r["epoch"] == 4 and r["multiplier"] == 2.0 for r in ranks)
+    # The scheduler still drives the optimizer after the restore: 4 epochs of gamma 0.5.
+    assert all(r["lr_in_force"] == r["scheduler_lr"] == 0.02 * 0.5**4 for r in ranks), ranks
     assert "a worker was lost; 1 process(es) after" in out.stdout
     assert "LR x1" in out.stdout and "workers were added; 2 process(es)" in out.stdout
     if all(r["last_epoch_sizes"] == [2] for r in ranks):  # the rejoin came before it began

@@ -151,15 +151,14 @@ def test_elastic_session_sampler_resplits_the_rest_of_the_epoch(shuffle):
     """The rest of the epoch after ``offset`` samples, split over the ranks there are now:
     every rank the same count, every remaining sample once (padding repeats the first ones);
     with offset 0 the split is DistributedSampler's."""
-    from types import SimpleNamespace
-
     from torch.utils.data import DistributedSampler
 
-    from hvdkit.torch.session import _ElasticSampler
+    from hvdkit.torch.session import _PositionSampler
 
     def rows(size, offset, rank, drop_last=False):
-        session = SimpleNamespace(epoch=3, _offset=offset, size=size, rank=rank)
-        return list(_ElasticSampler(10, session, shuffle, 7, drop_last))
+        sampler = _PositionSampler(10, shuffle, 7, drop_last)
+        sampler.begin(3, offset, size, rank)
+        return list(sampler)
 
     for size in (1, 2, 3):
         for r in range(size):

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, WORKERS, results
 from slurm import SlurmCluster, ensure_installed
+from workers.tolerance import max_difference, paths_close
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -48,8 +49,8 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> str:
-    """The weights of the same training on 2 ranks of this machine, never interrupted."""
+def reference(tmp_path_factory) -> dict:
+    """Rank 0's result of the same training on 2 ranks of this machine, never interrupted."""
     out = subprocess.run(
         [HVDKIT, "run", "-np", "2", "--gloo", "--", *TRAIN, "--checkpoint",
          str(tmp_path_factory.mktemp("ref") / "ckpt.pt")],
@@ -58,7 +59,7 @@ def reference(tmp_path_factory) -> str:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     by_rank = results(out)
     assert by_rank[0]["params"] == by_rank[1]["params"]
-    return by_rank[0]["params"]
+    return by_rank[0]
 
 
 def submit(cluster: SlurmCluster, name: str, lines: list[str], *flags: str) -> tuple[str, Path]:
@@ -93,12 +94,21 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
     assert sums[0]["netns"] != sums[1]["netns"] and sums[0]["sum"] == sums[1]["sum"] == 3.0
     assert len(trained) == 2  # under Gloo, then MPI (mpirun in the allocation)
     for train in trained:
-        weights = results(job_output_text(train))
-        assert weights[0]["params"] == weights[1]["params"] == reference
+        assert_trained_like(results(job_output_text(train)), reference)
 
 
 def job_output_text(text: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([], 0, text, "")
+
+
+def assert_trained_like(weights: dict[int, dict], reference: dict) -> None:
+    """Both ranks bit for bit (the same computation); the reference to a tolerance: it took
+    another path (one machine, each rank half its cores, not a node's all; Gloo, not MPI),
+    which may round differently (issue 37). A skipped step or a wrong average moves weights
+    by ~lr, far beyond it."""
+    assert weights[0]["params"] == weights[1]["params"]
+    got, want = weights[0]["weights"], reference["weights"]
+    assert paths_close(got, want, steps=reference["steps"]), max_difference(got, want)
 
 
 def test_srun_tasks_without_a_launcher_stop_with_the_fix_and_never_train_alone(cluster):
@@ -132,7 +142,7 @@ def test_usr1_checkpoints_requeues_and_resumes_to_uninterrupted_weights(cluster,
     assert re.search(r"hvdkit: preempted \(SIGUSR1\) at epoch \d, batch \d \(step \d+\)", text)
     assert f"hvdkit run: requeued Slurm job {job}" in text, text[-3000:]
     weights = results(job_output_text(text.rsplit("hvdkit run: hosts from", 1)[1]))
-    assert weights[0]["params"] == weights[1]["params"] == reference
+    assert_trained_like(weights, reference)
     assert weights[0]["steps"] == 16
 
 
@@ -180,4 +190,4 @@ def test_sigterm_to_every_process_of_the_job_still_checkpoints(cluster, referenc
     ])  # fmt: skip
     assert cluster.wait_job(again, 180)["JobState"] == "COMPLETED"
     weights = results(job_output_text(output.read_text(errors="replace").rsplit("hosts from", 1)[1]))
-    assert weights[0]["params"] == weights[1]["params"] == reference
+    assert_trained_like(weights, reference)

@@ -29,10 +29,9 @@ def test_custom_loop_api_equals_one_process_on_the_global_batch(controller, monk
     for rank in (0, 1):
         failed = [name for name, ok in r[rank]["checks"].items() if not ok]
         assert not failed, f"rank {rank}: {failed}"
-    assert r[0]["digests"] == r[1]["digests"]  # identical weights on both ranks
-    # The three loops trained alike (each equals the one-process run, so each other).
-    digests = r[0]["digests"]
-    assert digests["tape_in_tf_function"] == digests["tape_eager"]
+    # Bit for bit across ranks (the same computation); the loops against each other and
+    # the one-process run to a tolerance (checks above): they are different paths.
+    assert r[0]["digests"] == r[1]["digests"]
 
 
 @pytest.mark.multiprocess

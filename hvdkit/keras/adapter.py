@@ -78,8 +78,6 @@ class KerasAdapter(Adapter):
 
     def _wrap_optimizer(self) -> None:
         cfg = self.config
-        if cfg.op == "adasum":
-            raise ValueError("op='adasum' is not available in hvdkit.keras: use 'average' or 'sum'")
         hvd = backend.horovod()
         self.optimizer = DistributedOptimizer(
             self.optimizer,
@@ -135,32 +133,59 @@ class KerasAdapter(Adapter):
         return {"format": found, "meta": meta, "arrays": arrays}
 
     def _load_checkpoint(self, state: dict[str, Any]) -> None:
-        """Assign the checkpoint's values, after checking every count and shape."""
+        """Assign the checkpoint's values by variable path, after checking that every path is
+        there with its shape (a checkpoint from before paths: by position, shapes checked)."""
         meta, arrays, path = state["meta"], state["arrays"], self.config.checkpoint or ""
-        fix = "resume with the model and optimizer it was saved from, or delete it"
         variables = self._variables()
-        for group in GROUPS:
-            saved = [arrays[f"{group}.{i}"] for i in range(meta["counts"][group])]
-            mine = variables[group]
-            if len(saved) != len(mine):
-                raise CheckpointError(
-                    path, f"holds {len(saved)} {group} variables, this {group} has {len(mine)}", fix
-                )
-            for variable, value in zip(mine, saved, strict=True):
-                if tuple(variable.shape) != value.shape:
-                    raise CheckpointError(
-                        path,
-                        f"{group} variable {variable.path} has shape {tuple(variable.shape)}, "
-                        f"the checkpoint's {value.shape}",
-                        fix,
-                    )
-        for group in GROUPS:
-            for i, variable in enumerate(variables[group]):
-                variable.assign(arrays[f"{group}.{i}"])
+        plan = [
+            (variable, arrays[key])
+            for group in GROUPS
+            for variable, key in self._match(group, meta, variables[group], arrays, path)
+        ]
+        for variable, value in plan:
+            variable.assign(value)
         lr = lr_holder(self.optimizer)
         if isinstance(lr, keras.Variable) and self.warmup is not None:
             # Saved at another world size: keep the user's LR, rescaled to this one.
             lr.assign(lr * (self.warmup.factor / meta["lr_factor"]))
+
+    @staticmethod
+    def _match(
+        group: str, meta: dict[str, Any], mine: list[keras.Variable], arrays: dict, path: Any
+    ) -> list[tuple[keras.Variable, str]]:
+        """Each of ``mine`` with the checkpoint array it gets; CheckpointError naming every
+        missing, extra and reshaped variable when they do not fit."""
+        fix = "resume with the model and optimizer it was saved from, or delete it"
+        count = meta["counts"][group]
+        saved_paths = meta.get("paths", {}).get(group)
+        paths = [v.path for v in mine]
+        if saved_paths is None or len(set(paths)) != len(paths):
+            if count != len(mine):  # by position: a checkpoint from before paths
+                raise CheckpointError(
+                    path, f"holds {count} {group} variables, this {group} has {len(mine)}", fix
+                )
+            pairs = [(v, f"{group}.{i}") for i, v in enumerate(mine)]
+        else:
+            index = {p: i for i, p in enumerate(saved_paths)}
+            missing = [p for p in paths if p not in index]
+            extra = [p for p in saved_paths if p not in set(paths)]
+            if missing or extra:
+                raise CheckpointError(
+                    path,
+                    f"{group} variables differ: not in the checkpoint: {missing or 'none'}; "
+                    f"only in the checkpoint: {extra or 'none'}",
+                    f"{fix} (variables are matched by path: a renamed or added layer does not "
+                    "receive another layer's weights)",
+                )
+            pairs = [(v, f"{group}.{index[v.path]}") for v in mine]
+        reshaped = [
+            f"{v.path}: {tuple(v.shape)} here, {arrays[key].shape} in the checkpoint"
+            for v, key in pairs
+            if tuple(v.shape) != arrays[key].shape
+        ]
+        if reshaped:
+            raise CheckpointError(path, f"{group} variables have other shapes: {reshaped}", fix)
+        return pairs
 
     def _broadcast_state(self) -> None:
         variables = self._variables()
@@ -184,9 +209,10 @@ class KerasAdapter(Adapter):
         self, extra: dict[str, Any], next_epoch: int, gathered: Any
     ) -> dict[str, Any]:
         assert self.topology is not None
-        arrays, counts = {}, {}
+        arrays, counts, paths = {}, {}, {}
         for group, variables in self._variables().items():
             counts[group] = len(variables)
+            paths[group] = [v.path for v in variables]
             for i, variable in enumerate(variables):
                 arrays[f"{group}.{i}"] = keras.ops.convert_to_numpy(variable.value)
         meta = {
@@ -194,6 +220,7 @@ class KerasAdapter(Adapter):
             "epoch": next_epoch,
             "extra": extra,
             "counts": counts,
+            "paths": paths,
             "world_size": self.topology.size,
             "lr_factor": self.warmup.factor if self.warmup is not None else 1.0,
         }

@@ -109,8 +109,11 @@ def check_sync(variables: list[keras.Variable], where: str = "") -> None:
     """Collective: raise :class:`hvdkit.sync.DivergenceError` on every rank if the ranks hold
     different values for any of ``variables`` (e.g. ``model.variables``). One small allgather.
     """
-    arrays = [keras.ops.convert_to_numpy(v.value) for v in variables]
-    gathered = backend.allgather_numpy(sync.fingerprint(arrays), name="hvdkit.sync")
+    # One variable on the host at a time (a GPU's weights are never all copied at once).
+    local = np.zeros((0, 3))
+    for v in variables:
+        local = np.concatenate([local, sync.fingerprint([keras.ops.convert_to_numpy(v.value)])])
+    gathered = backend.allgather_numpy(local, name="hvdkit.sync")
     sync.check([v.path for v in variables], gathered, where or "")
 
 

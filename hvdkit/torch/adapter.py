@@ -13,19 +13,23 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
+from hvdkit import preempt
 from hvdkit.checkpoint import CheckpointError, atomic_write
 from hvdkit.core import Adapter, SetupConfig, Topology
 from hvdkit.devices import pin
 from hvdkit.lr import Warmup
+from hvdkit.position import Position
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
     init,
     load_optimizer_state_,
 )
-from hvdkit.torch.optimizer import DistributedOptimizer
+from hvdkit.torch.optimizer import DistributedOptimizer, reset_pending
 
 FORMAT = "hvdkit-torch-1"
+TORCH_EXTRA_TYPES: tuple[type, ...] = (type(None), bool, int, float, str, bytes, torch.Tensor)
+"""What a torch checkpoint's ``extra`` can hold (``torch.load(weights_only=True)`` reads it)."""
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 _COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
@@ -71,8 +75,18 @@ class TorchAdapter(Adapter):
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.device = torch.device("cpu")
-        self.step_count = 0
-        self.epoch = 0
+        self.position = Position()
+        self.scaler: Any = None  # the AMP GradScaler the session steps with, once it has one
+        self.scaler_state: dict[str, Any] | None = None  # a resumed one's, until it is given
+        self.legacy_batches = 0  # a checkpoint from before positions: batches of its epoch
+
+    # The position's counters under the names the hooks and the LR step use.
+    step_count = property(
+        lambda self: self.position.step, lambda self, v: setattr(self.position, "step", v)
+    )
+    epoch = property(
+        lambda self: self.position.epoch, lambda self, v: setattr(self.position, "epoch", v)
+    )
 
     def _init(self) -> Topology:
         init()
@@ -95,6 +109,16 @@ class TorchAdapter(Adapter):
             backward_passes_per_step=cfg.backward_passes_per_step,
             op=_OPS[cfg.op],
         )
+        if cfg.backward_passes_per_step > 1:
+            inner_zero_grad = self.optimizer.zero_grad
+
+            def zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+                # The usual loop zeroes before every micro-batch; between the passes of one
+                # step that would drop the gradients accumulated so far.
+                if not self.position.micro_step:
+                    inner_zero_grad(set_to_none)
+
+            self.optimizer.zero_grad = types.MethodType(zero_grad, self.optimizer)  # type: ignore[method-assign]
 
     def _scale_lr(self, warmup: Warmup) -> None:
         inner_step = self.optimizer.step
@@ -139,9 +163,14 @@ class TorchAdapter(Adapter):
             if self.scheduler is not None and state.get("scheduler") is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as exc:
+            # torch names every missing and unexpected key and each shape on lines of their
+            # own: all of it is kept (a long list is cut, saying how much).
+            detail = "\n    ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            if len(detail) > 4000:
+                detail = f"{detail[:4000]} ... ({len(detail) - 4000} more characters)"
             raise CheckpointError(
                 self.config.checkpoint or "",
-                f"does not match this model/optimizer: {str(exc).splitlines()[0][:300]}",
+                f"does not match this model/optimizer:\n    {detail}\n ",
                 "resume with the same model and optimizer it was saved from, or delete it",
             ) from exc
 
@@ -152,10 +181,20 @@ class TorchAdapter(Adapter):
     def _resume_info(self, state: dict[str, Any]) -> dict[str, Any]:
         info = {k: state[k] for k in ("step", "epoch", "extra", "scheduler", "rng")}
         info["world_size"] = state.get("world_size")
+        info["position"] = state.get("position")
+        info["scaler"] = state.get("scaler")
         return info
 
     def _apply_resume_info(self, info: dict[str, Any]) -> dict[str, Any] | None:
-        self.step_count, self.epoch = info["step"], info["epoch"]
+        if info["position"] is not None:
+            self.position.load_state_dict(info["position"])
+        else:  # hvdkit before positions: epoch and step, and a preemption's batch count
+            self.position.load_state_dict({"epoch": info["epoch"], "step": info["step"]})
+            stopped = (info["extra"] or {}).get(preempt.EXTRA) or {}
+            self.legacy_batches = int(stopped.get("batches", 0))
+        self.scaler_state = info["scaler"]
+        if self.scaler is not None and self.scaler_state is not None:
+            self.take_scaler(self.scaler)
         # The root rank loaded it with the weights, where a mismatch is reported to every rank.
         if self.scheduler is not None and info["scheduler"] is not None and not self.is_root:
             self.scheduler.load_state_dict(info["scheduler"])
@@ -170,8 +209,13 @@ class TorchAdapter(Adapter):
     def _checkpoint_state(
         self, extra: dict[str, Any], next_epoch: int, gathered: Any
     ) -> dict[str, Any]:
+        position = self.position.state_dict()
+        if next_epoch != self.position.epoch:  # the end of an epoch: the next one from its start
+            position.update(epoch=next_epoch, samples=0)
         return {
             "format": FORMAT,
+            "position": position,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -193,17 +237,28 @@ class TorchAdapter(Adapter):
     def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         snapshot = copy.deepcopy(snapshot)
         self.model.load_state_dict(snapshot["model"])
-        self.optimizer.load_state_dict(snapshot["optimizer"])  # also drops pending allreduces
+        # Into the existing param groups: an LR scheduler drives those dicts, and torch's
+        # load_state_dict would replace them (the scheduler then sets an LR nothing uses).
+        load_optimizer_state_(self.optimizer, snapshot["optimizer"])
+        reset_pending(self.optimizer)
 
     def _position(self) -> dict[str, Any]:
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        return copy.deepcopy({"epoch": self.epoch, "step": self.step_count, "scheduler": scheduler})
+        return copy.deepcopy({"position": self.position.state_dict(), "scheduler": scheduler})
 
     def _set_position(self, position: dict[str, Any]) -> None:
         position = copy.deepcopy(position)
-        self.epoch, self.step_count = position["epoch"], position["step"]
+        self.position.load_state_dict(position["position"])
         if self.scheduler is not None and position["scheduler"] is not None:
             self.scheduler.load_state_dict(position["scheduler"])
+
+    def take_scaler(self, scaler: Any) -> None:
+        """The AMP ``GradScaler`` the session steps with: saved in its checkpoints, and given
+        the resumed one's state (loss scale, growth tracker) the first time."""
+        self.scaler = scaler
+        if self.scaler_state is not None:
+            scaler.load_state_dict(self.scaler_state)
+            self.scaler_state = None
 
     def _broadcast_object(self, obj: Any) -> Any:
         return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")

@@ -14,6 +14,7 @@ restore left its step count ahead of the restored optimizer). The rank seen by
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 import horovod.torch as _hvd
@@ -21,7 +22,12 @@ import torch
 from horovod.torch.elastic import ElasticSampler
 
 from hvdkit.elastic import ElasticState, Handler, StateDictHandler, make_run
-from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from hvdkit.torch.functions import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    load_optimizer_state_,
+)
+from hvdkit.torch.optimizer import reset_pending
 
 
 class _ObjectHandler(StateDictHandler):
@@ -34,6 +40,13 @@ class ModelHandler(_ObjectHandler):
 
 
 class OptimizerHandler(_ObjectHandler):
+    def restore(self) -> None:
+        # Into the existing param groups, which an LR scheduler drives (torch's
+        # load_state_dict replaces them, and the scheduler is left setting an unused LR).
+        load_optimizer_state_(self.value, copy.deepcopy(self.saved))
+        if hasattr(self.value, "_allreduce_delay"):  # Horovod's: drop the failed step's
+            reset_pending(self.value)
+
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 

@@ -106,26 +106,57 @@ def _tell_schedulers(optimizer: torch.optim.Optimizer, wrapped: torch.optim.Opti
     wrapped.step = types.MethodType(marking_step, wrapped)  # type: ignore[method-assign]
 
 
-def backward_and_step(
+def reset_pending(optimizer: Any) -> None:
+    """Forget the reductions of an unfinished step, as Horovod's ``load_state_dict`` does
+    (for state loaded without it, :func:`hvdkit.torch.functions.load_optimizer_state_`): an
+    elastic restore drops a step whose allreduces will never complete."""
+    optimizer._handles = {}
+    optimizer._synchronized = False
+    optimizer._should_synchronize = True
+    for p in optimizer._allreduce_delay:
+        optimizer._allreduce_delay[p] = optimizer.backward_passes_per_step
+
+
+def _accumulating(optimizer: Any) -> bool:
+    """After a backward pass: whether Horovod's optimizer is still accumulating passes
+    (``backward_passes_per_step``): its hooks have counted the pass but started no
+    allreduce yet."""
+    if getattr(optimizer, "backward_passes_per_step", 1) <= 1:
+        return False
+    handles = getattr(optimizer, "_handles", {})
+    return bool(handles) and all(handle is None for handle, _ in handles.values())
+
+
+def step_or_accumulate(
     loss: torch.Tensor,
-    optimizer: Any,  # Horovod's DistributedOptimizer: a torch.optim.Optimizer built at run time
+    optimizer: Any,
+    *,
+    scaler: torch.amp.GradScaler | None = None,
+    clip_grad_norm: float | None = None,
+    parameters: Iterable[torch.Tensor] | None = None,
+    accumulate: bool | None = None,
+) -> tuple[bool, torch.Tensor | None]:
+    """:func:`backward_and_step`, saying whether the optimizer stepped: ``(False, None)``
+    after a backward pass that only accumulated (``backward_passes_per_step``). Whether this
+    pass is one of those is ``accumulate`` when the caller counts the passes (the session
+    does), else what Horovod's hooks counted (they are not there at size 1)."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if accumulate if accumulate is not None else _accumulating(optimizer):
+        return False, None
+    return True, reduce_and_step(
+        optimizer, scaler=scaler, clip_grad_norm=clip_grad_norm, parameters=parameters
+    )
+
+
+def reduce_and_step(
+    optimizer: Any,
     *,
     scaler: torch.amp.GradScaler | None = None,
     clip_grad_norm: float | None = None,
     parameters: Iterable[torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
-    """Backward, reduce, (unscale, clip,) step: the one order that is right with Horovod.
-
-    Gradients must be averaged across ranks *before* they are unscaled and clipped, and the
-    step must not reduce them again. Returns the total gradient norm when clipping.
-
-    Example::
-
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = loss_fn(model(x), y)
-        backward_and_step(loss, optimizer, scaler=scaler, clip_grad_norm=1.0)
-    """
-    (scaler.scale(loss) if scaler is not None else loss).backward()
+    """Reduce what the backward passes so far left (all of them, even fewer than
+    ``backward_passes_per_step``), (unscale, clip,) step; the gradient norm when clipping."""
     optimizer.synchronize()
     norm = None
     if clip_grad_norm is not None:
@@ -143,4 +174,34 @@ def backward_and_step(
             scaler.update()
         else:
             optimizer.step()
+    return norm
+
+
+def backward_and_step(
+    loss: torch.Tensor,
+    optimizer: Any,  # Horovod's DistributedOptimizer: a torch.optim.Optimizer built at run time
+    *,
+    scaler: torch.amp.GradScaler | None = None,
+    clip_grad_norm: float | None = None,
+    parameters: Iterable[torch.Tensor] | None = None,
+) -> torch.Tensor | None:
+    """Backward, reduce, (unscale, clip,) step: the one order that is right with Horovod.
+
+    Gradients must be averaged across ranks *before* they are unscaled and clipped, and the
+    step must not reduce them again. Returns the total gradient norm when clipping.
+
+    With ``backward_passes_per_step=N`` (Horovod's accumulation) a call only runs the
+    backward pass until the N-th, which reduces the gradients summed over the N passes and
+    steps (do not zero the gradients in between; :func:`hvdkit.torch.setup`'s session skips
+    ``zero_grad()`` there for you).
+
+    Example::
+
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        backward_and_step(loss, optimizer, scaler=scaler, clip_grad_norm=1.0)
+    """
+    _, norm = step_or_accumulate(
+        loss, optimizer, scaler=scaler, clip_grad_norm=clip_grad_norm, parameters=parameters
+    )
     return norm

@@ -8,39 +8,56 @@ from typing import Any, Unpack, cast
 
 import horovod.torch as hvd
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from hvdkit import preempt, rank_zero, sync
+from hvdkit.checkpoint import plain_extra
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.devices import cores_per_process
 from hvdkit.elastic import SessionElastic
-from hvdkit.torch.adapter import TorchAdapter
-from hvdkit.torch.optimizer import backward_and_step
+from hvdkit.position import Position, epoch_order, remaining
+from hvdkit.torch.adapter import TORCH_EXTRA_TYPES, TorchAdapter
+from hvdkit.torch.optimizer import reduce_and_step, step_or_accumulate
 
 
-class _ElasticSampler(Sampler[int]):
-    """An elastic session's shard: the epoch's order (the same as ``DistributedSampler``'s
-    with the same seed) past the samples all ranks have done, split over the ranks there are
-    now. Read at each iteration, so a reset re-splits what is left of the epoch."""
+def _fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`hvdkit.sync.fingerprint` of one tensor, computed where it lives (GPU or CPU), a
+    chunk at a time: three float64 numbers, not a float64 copy of the tensor on the host."""
+    flat = tensor.reshape(-1)
+    out = torch.zeros(3, dtype=torch.float64, device=tensor.device)
+    step = 1.0 / (flat.numel() - 1) if flat.numel() > 1 else 0.0
+    for start in range(0, flat.numel(), sync.CHUNK):
+        chunk = flat[start : start + sync.CHUNK].double()
+        weights = (
+            torch.arange(start, start + chunk.numel(), dtype=torch.float64, device=tensor.device)
+            .mul_(step)
+            .add_(1.0)
+        )
+        out += torch.stack([chunk.sum(), chunk @ weights, chunk.abs().sum()])
+    return out
 
-    def __init__(
-        self, length: int, session: Session, shuffle: bool, seed: int, drop_last: bool
-    ) -> None:
-        self.length, self.session = length, session
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+
+class _PositionSampler(Sampler[int]):
+    """The session's shard of a dataset: the epoch's order (``DistributedSampler``'s, same
+    seed) past the samples all ranks have done, split over the ranks there are now
+    (:func:`hvdkit.position.remaining`). The loader tells it the epoch, the samples done and
+    the world at each iteration, so a resume (at any world size) and an elastic reset go on
+    from the next global sample."""
+
+    def __init__(self, length: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+        self.length, self.shuffle, self.seed, self.drop_last = length, shuffle, seed, drop_last
+        self.epoch, self.done, self.size, self.rank = 0, 0, 1, 0
+
+    def begin(self, epoch: int, done: int, size: int, rank: int) -> None:
+        self.epoch, self.done, self.size, self.rank = epoch, done, size, rank
+
+    def set_epoch(self, epoch: int) -> None:
+        """``DistributedSampler``'s method, for scripts that call it themselves."""
+        self.epoch = epoch
 
     def _rows(self) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.session.epoch)
-            order = torch.randperm(self.length, generator=g).tolist()
-        else:
-            order = list(range(self.length))
-        rest, size = order[self.session._offset :], self.session.size
-        if self.drop_last:
-            rest = rest[: len(rest) - len(rest) % size]
-        elif rest and len(rest) % size:
-            rest += (rest * size)[: size - len(rest) % size]  # every rank the same count
-        return rest[self.session.rank :: size]
+        order = epoch_order(self.length, self.epoch, self.seed, self.shuffle)
+        return remaining(order, self.done, self.size, self.rank, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._rows())
@@ -49,58 +66,36 @@ class _ElasticSampler(Sampler[int]):
         return len(self._rows())
 
 
-class _ResumableSampler(Sampler[int]):
-    """A ``DistributedSampler`` that can leave out the first ``skip`` samples of its epoch: a
-    job resumed from a mid-epoch (preemption) checkpoint goes on with the next batch."""
-
-    def __init__(self, inner: DistributedSampler) -> None:
-        self.inner, self.skip = inner, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.inner.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        # Once: DataLoader asks for the indices at its first batch, not when iterated.
-        skip, self.skip = self.skip, 0
-        return iter(list(self.inner)[skip:])
-
-    def __len__(self) -> int:
-        return max(0, len(self.inner) - self.skip)
-
-
 class _EpochLoader:
-    """A DataLoader whose sampler is told the session's epoch each time it is iterated, so
-    every epoch is shuffled differently and identically on every rank. In an elastic session
-    it also restarts from the restored position when the session recovers mid-epoch."""
+    """A DataLoader over :class:`_PositionSampler`: at each iteration the sampler is given the
+    session's position, so every epoch is shuffled differently (and identically on every
+    rank) and a resumed or recovered epoch goes on from the next global sample. Outside
+    :meth:`Session.epochs` (a plain ``for epoch in range(n)`` loop) each full pass ends the
+    position's epoch itself, so the next pass is shuffled anew too."""
 
-    def __init__(self, loader: DataLoader, sampler: Any, session: Session) -> None:
+    def __init__(self, loader: DataLoader, sampler: _PositionSampler, session: Session) -> None:
         self.loader, self.sampler, self.session = loader, sampler, session
 
     def __iter__(self) -> Iterator[Any]:
-        elastic, session = self.session._elastic, self.session
-        if elastic is None:
-            self.sampler.set_epoch(session.epoch)
-            done = session._take_resume_batches()
-            self.sampler.skip = done * (self.loader.batch_size or 1)
-            # The checkpoint holds the RNG as it was mid-epoch, after the iterator drew its
+        session, elastic = self.session, self.session._elastic
+        position = session.position
+        while True:
+            generation = elastic.generation if elastic is not None else 0
+            session._begin_pass((self.loader.batch_size or 1) * session.size)
+            resumed = position.samples > 0 and elastic is None
+            self.sampler.begin(position.epoch, position.samples, session.size, session.rank)
+            # A checkpoint holds the RNG as it was mid-epoch, after the iterator drew its
             # seed at the epoch's start: a resumed epoch's iterator must not draw again.
-            state = torch.random.get_rng_state() if done else None
+            state = torch.random.get_rng_state() if resumed else None
             batches = iter(self.loader)
             if state is not None:
                 torch.random.set_rng_state(state)
-            session._epoch_batches = done
             for batch in batches:
-                session._epoch_batches += 1
                 yield batch
-            return
-        while True:
-            generation = elastic.generation
-            for batch in self.loader:
-                self.session._batch_samples = (self.loader.batch_size or 1) * self.session.size
-                yield batch
-                if elastic.generation != generation:
+                if elastic is not None and elastic.generation != generation:
                     break  # recovered: go on from the restored position, re-split
             else:
+                session._end_pass()
                 return
 
     def __len__(self) -> int:
@@ -116,12 +111,10 @@ class Session:
         assert adapter.topology is not None
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
-        self._steps = 0
-        self._offset = 0  # samples of this epoch done by all ranks (elastic)
-        self._batch_samples = 0
-        self._elastic: SessionElastic | None = None
-        self._epoch_batches = 0  # batches of this epoch handed out (a preemption's position)
-        self._resume_batches = int(adapter.preempted_at["batches"]) if adapter.preempted_at else 0
+        self._synced_once = False
+        self._batch_samples = 0  # samples one batch of the current pass is, over all ranks
+        self._in_epochs = False  # whether epochs() drives the position's epoch
+        self._pending_step: dict[str, Any] | None = None  # an accumulating step's options
         self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
         self._preempt: preempt.Preemption | None = None
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
@@ -135,36 +128,53 @@ class Session:
                 lambda handle: tuple(hvd.synchronize(handle).tolist()),
             )
             self._preempt.install()
+        self._elastic: SessionElastic | None = None
         if adapter.config.elastic:
+            # The position travels with the adapter's (one object): nothing of the session's.
             self._elastic = SessionElastic(
                 hvd,
                 adapter,
                 lambda obj: hvd.broadcast_object(obj, 0, name="hvdkit.elastic"),
-                position=lambda: {"offset": self._offset},
-                set_position=lambda p: setattr(self, "_offset", p["offset"]),
+                position=dict,
+                set_position=lambda p: None,
                 on_reset=self._after_reset,
             )
+
+    @property
+    def position(self) -> Position:
+        """Where training is (:class:`hvdkit.position.Position`): the epoch, the samples of it
+        done by all ranks, the optimizer step and the backward passes since it. Saved in every
+        checkpoint and elastic commit; resuming at any world size goes on from it."""
+        return self._adapter.position
 
     def _after_reset(self) -> None:
         assert self._adapter.topology is not None
         self.topology = self._adapter.topology
-        self._steps = 0  # every rank, joined or not, checks the sync after its next step
+        self._synced_once = False  # every rank, joined or not, checks the sync after a step
 
-    def _take_resume_batches(self) -> int:
-        done, self._resume_batches = self._resume_batches, 0
-        return done
+    def _begin_pass(self, batch_samples: int) -> None:
+        self._batch_samples = batch_samples
+        if self._adapter.legacy_batches:  # a checkpoint from before positions (hvdkit-torch-1)
+            done, self._adapter.legacy_batches = self._adapter.legacy_batches, 0
+            self.position.samples = done * batch_samples
+
+    def _end_pass(self) -> None:
+        self._flush()
+        if self._in_epochs:
+            self.position.samples = 0  # epochs() ends the epoch
+        else:
+            self.position.end_epoch()  # a plain loop: the next pass is the next epoch
 
     def _stop_if_preempted(self) -> None:
         """At a step boundary: after a SIGTERM/SIGUSR1 on any rank, every rank checkpoints
-        (mid-epoch, with the batch position) and exits with :data:`hvdkit.preempt.EXIT_CODE`."""
+        (mid-epoch, with the position) and exits with :data:`hvdkit.preempt.EXIT_CODE`."""
         if self._preempt is None or not self._preempt.step_done():
             return
-        position = {"batches": self._epoch_batches, "signal": self._preempt.describe()}
+        position = {"signal": self._preempt.describe()}
         path = self.save(end_of_epoch=False, **self._extra, **{preempt.EXTRA: position})
+        batches = self.position.samples // max(1, self._batch_samples)
         self.print(
-            preempt.announce(
-                self._preempt.describe(), self.epoch, self._epoch_batches, self.step_count, path
-            ),
+            preempt.announce(self._preempt.describe(), self.epoch, batches, self.step_count, path),
             flush=True,
         )
         raise preempt.Preempted()
@@ -184,22 +194,21 @@ class Session:
         return self._adapter.warmup.multiplier(self._adapter.step_count)
 
     def epochs(self, total: int) -> Iterator[int]:
-        """``for epoch in session.epochs(n)``: resumes after the last saved epoch. Elastic:
-        commits at each epoch end, and goes on from where a reset left it."""
-        if self._elastic is not None:
-            while self._adapter.epoch < total:
-                epoch = self._adapter.epoch
+        """``for epoch in session.epochs(n)``: resumes after the last saved epoch (mid-epoch
+        after a preemption: the same epoch, from its next sample). Elastic: commits at each
+        epoch end, and goes on from where a reset left it."""
+        position = self.position
+        self._in_epochs = True
+        try:
+            while position.epoch < total:
+                epoch = position.epoch
                 yield epoch
-                self._adapter.epoch, self._offset = epoch + 1, 0
+                position.end_epoch()
                 self.check_sync(f"at the end of epoch {epoch + 1}")
-                self._elastic.commit()
-            return
-        start = self._adapter.epoch
-        for epoch in range(start, total):
-            self._adapter.epoch = epoch
-            yield epoch
-            self.check_sync(f"at the end of epoch {epoch + 1}")
-        self._adapter.epoch = total
+                if self._elastic is not None:
+                    self._elastic.commit()
+        finally:
+            self._in_epochs = False
 
     def check_sync(self, where: str = "") -> None:
         """The sync guard (collective, :mod:`hvdkit.sync`): raise ``DivergenceError`` on every
@@ -209,7 +218,7 @@ class Session:
         if not sync.enabled():
             return
         named = list(self.model.named_parameters())
-        local = sync.fingerprint([p.detach().cpu().double().numpy() for _, p in named])
+        local = torch.stack([_fingerprint(p.detach()) for _, p in named]).cpu().numpy()
         ok, gathered = self._collective(
             lambda: hvd.allgather(torch.from_numpy(local)[None], name="hvdkit.sync").numpy()
         )
@@ -252,21 +261,7 @@ class Session:
             rows = range(self.rank, len(cast(Sized, dataset)), self.size)  # a map-style dataset
             subset = Subset(dataset, rows)
             return DataLoader(subset, batch_size=batch_size, shuffle=False, **loader_kwargs)
-        sampler: Any
-        if self._elastic is not None:
-            length = len(cast(Sized, dataset))
-            sampler = _ElasticSampler(length, self, shuffle, seed, drop_last)
-        else:
-            sampler = _ResumableSampler(
-                DistributedSampler(
-                    dataset,
-                    num_replicas=self.size,
-                    rank=self.rank,
-                    shuffle=shuffle,
-                    seed=seed,
-                    drop_last=drop_last,
-                )
-            )
+        sampler = _PositionSampler(len(cast(Sized, dataset)), shuffle, seed, drop_last)
         if num_workers is None:
             num_workers = (
                 0
@@ -287,23 +282,56 @@ class Session:
         )
         return _EpochLoader(loader, sampler, self)
 
-    def backward_and_step(self, loss: torch.Tensor, **kwargs: Any) -> torch.Tensor | None:
-        """See :func:`hvdkit.torch.backward_and_step` (AMP scaler and clipping options)."""
-        ok, norm = self._collective(
-            lambda: backward_and_step(
-                loss, self.optimizer, parameters=self.model.parameters(), **kwargs
-            )
+    def backward_and_step(
+        self, loss: torch.Tensor, *, scaler: torch.amp.GradScaler | None = None, **kwargs: Any
+    ) -> torch.Tensor | None:
+        """See :func:`hvdkit.torch.backward_and_step` (AMP scaler and clipping options).
+
+        With ``backward_passes_per_step=N`` each call is one backward pass, and every N-th
+        steps the optimizer on the gradients summed over the N passes (Horovod's rule),
+        averaged over ranks; the ``zero_grad()`` of the usual loop is skipped in between, so
+        the loop stays the same. A ``scaler`` is saved in the session's checkpoints and, when
+        resuming, given back its state the first time it is passed here."""
+        if scaler is not None:
+            self._adapter.take_scaler(scaler)
+        options = {"parameters": list(self.model.parameters()), "scaler": scaler, **kwargs}
+        passes = self._adapter.config.backward_passes_per_step
+        accumulate = self.position.micro_step + 1 < passes
+        ok, result = self._collective(
+            lambda: step_or_accumulate(loss, self.optimizer, accumulate=accumulate, **options)
         )
         if not ok:
             return None  # a worker was lost: this batch is dropped, the loader goes back
-        self._offset += self._batch_samples
-        self._steps += 1
-        if self._steps == 1:
+        stepped, norm = result
+        self.position.samples += self._batch_samples
+        if not stepped:
+            self.position.micro_step += 1
+            self._pending_step = options
+            return None
+        return self._stepped(norm)
+
+    def _flush(self) -> None:
+        """At the end of a pass over the data: the backward passes of an unfinished
+        accumulation step (an epoch of 5 batches with ``backward_passes_per_step=2``) step
+        now, on what they summed, as Lightning does; they do not leak into the next epoch."""
+        if not self.position.micro_step or self._pending_step is None:
+            return
+        options, self._pending_step = self._pending_step, None
+        ok, norm = self._collective(lambda: reduce_and_step(self.optimizer, **options))
+        if ok:
+            self._stepped(norm)
+
+    def _stepped(self, norm: Any) -> torch.Tensor | None:
+        """After every optimizer step."""
+        self.position.micro_step = 0
+        self._pending_step = None
+        if not self._synced_once:
+            self._synced_once = True
             self.check_sync("after the first step")
         self._stop_if_preempted()
         if self._elastic is not None and self._elastic.step_done():
             self._elastic.commit()
-        return norm
+        return cast(torch.Tensor | None, norm)
 
     def average(self, total: float, count: int | float, name: str = "metric") -> float:
         """The global mean of a metric from each rank's sum and sample count, so ranks with
@@ -315,10 +343,21 @@ class Session:
         return (summed[0] / summed[1]).item() if summed[1] > 0 else float("nan")
 
     def save(self, *, end_of_epoch: bool = True, **extra: Any) -> Path | None:
-        """Checkpoint (collective): rank 0 writes atomically; ``extra`` comes back in
-        ``session.resumed`` on resume. At the end of an epoch, resuming starts at the next
-        epoch; mid-epoch (``end_of_epoch=False``) it restarts the current one, so keep the
-        batch position in ``extra`` to skip what was done."""
+        """Checkpoint (collective: every rank calls it): rank 0 writes atomically; ``extra``
+        comes back in ``session.resumed`` on resume. At the end of an epoch, resuming starts
+        at the next epoch; mid-epoch (``end_of_epoch=False``) it goes on in the same epoch
+        from the next sample not yet trained (the session's :attr:`position`), at any world
+        size. ``extra`` values are checked here, on every rank: numbers, strings, bytes,
+        None, tensors, and lists, tuples and dicts of them; numpy scalars are saved as Python
+        numbers; anything else is refused naming its key."""
+        if self.position.micro_step:
+            raise ValueError(
+                f"save() after {self.position.micro_step} of the "
+                f"{self._adapter.config.backward_passes_per_step} backward passes of a step: "
+                "the gradients accumulated so far are not saved. Fix: save after the step "
+                "(when session.position.micro_step is 0), e.g. at the end of the epoch"
+            )
+        extra = plain_extra(extra, TORCH_EXTRA_TYPES)
         if preempt.EXTRA not in extra:
             self._extra = dict(extra)
         _, path = self._collective(

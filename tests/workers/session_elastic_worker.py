@@ -51,7 +51,11 @@ def main() -> None:
     torch.manual_seed(int(os.environ.get("HOROVOD_RANK", "0")))  # the first sync equalises
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    session = hvd.setup(model, optimizer, elastic=True, commit_every=args.commit)
+    # A scheduler across the recovery (issue 38): a restore must leave it driving the LR.
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    session = hvd.setup(
+        model, optimizer, scheduler=scheduler, elastic=True, commit_every=args.commit
+    )
     loader = session.shard(Indexed(args.samples), batch_size=8)
     marker = Path(args.marker)
     seen = {"executed": 0, "sizes": [session.size], "recovered": []}
@@ -82,6 +86,7 @@ def main() -> None:
                 last_epoch["sizes"].append(session.size)
                 seen["pending"] = True
             time.sleep(args.sleep)
+        scheduler.step()
 
     gathered = hvd.allgather_object(last_epoch["indices"], name="test.indices")
     flat = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
@@ -89,6 +94,8 @@ def main() -> None:
         "rank": session.rank, "size": session.size, "steps": session.step_count,
         "executed": seen["executed"], "sizes": seen["sizes"], "recovered": seen["recovered"],
         "multiplier": session.lr_multiplier(), "epoch": session.epoch,
+        "lr_in_force": session.optimizer.param_groups[0]["lr"],
+        "scheduler_lr": scheduler.get_last_lr()[0],
         "last_epoch_sizes": last_epoch["sizes"], "last_epoch_indices": gathered,
         "digest": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
     }), flush=True)  # fmt: skip

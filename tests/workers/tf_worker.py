@@ -13,6 +13,7 @@ import json
 import keras
 import numpy as np
 import tensorflow as tf
+from tolerance import paths_close
 
 import hvdkit.tensorflow as hvd
 
@@ -322,13 +323,18 @@ def main() -> None:
     checks: dict[str, bool] = {}
     results: dict[str, str] = {}
     expected = reference()
-    for name, got in [
-        ("tape_in_tf_function", train_with_tape(compiled=True)),
-        ("tape_eager", train_with_tape(compiled=False)),
-        ("wrapped_optimizer_apply_gradients", train_with_wrapped_optimizer()),
-    ]:
+    trained = {
+        "tape_in_tf_function": train_with_tape(compiled=True),
+        "tape_eager": train_with_tape(compiled=False),
+        "wrapped_optimizer_apply_gradients": train_with_wrapped_optimizer(),
+    }
+    for name, got in trained.items():
         checks[f"{name}_equals_one_process"] = close(got, expected)
         results[name] = digest(got)
+    # Graph and eager round differently on some CPUs (issue 37): two paths, a tolerance.
+    checks["tape_in_tf_function_close_to_eager"] = paths_close(
+        trained["tape_in_tf_function"], trained["tape_eager"], steps=STEPS
+    )
     tape_options(checks)
     tape_on_tf_module(checks)
     sparse(checks)

@@ -75,7 +75,13 @@ def train(args):
             break
     ckpts = sorted(os.listdir(os.path.dirname(args.checkpoint))) if args.checkpoint else []
     emit(
-        params=digest(session.model), steps=session.step_count, files=ckpts, resumed=session.resumed
+        params=digest(session.model),
+        # The values too (9 digits hold a float32 exactly), for a run that took another path
+        # (tests/test_slurm.py: a rank per node with all its cores, MPI): to a tolerance.
+        weights=[float(f"{w:.9g}") for w in flat(session.model).tolist()],
+        steps=session.step_count,
+        files=ckpts,
+        resumed=session.resumed,
     )
 
 

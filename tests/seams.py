@@ -1,0 +1,110 @@
+"""The seam matrix's oracle: tests/workers/seams_worker.py's job computed in one process, plain
+torch, from the job's definition alone (the data, the model, the epochs' orders, where a run
+stopped and at which world size it went on). No hvdkit code computes it.
+
+One process reproduces R ranks exactly where the arithmetic allows: each rank's micro-batch
+loss is the mean over its rows, Horovod averages the ranks' gradients, and accumulation sums
+the passes; so the step's gradient is the sum over passes of the mean over ranks, which one
+process gets by back-propagating ``sum(rank means) / R`` pass after pass. The LR in force is
+the scheduler's times the warmup multiplier towards R (``lr_scaling="size"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own spelling
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run at ``size`` ranks, until it stopped after optimizer step ``until`` (None: to the
+    end of training)."""
+
+    size: int
+    until: int | None = None
+
+
+@dataclass
+class Job:
+    epochs: int = 2
+    batch: int = 8
+    accumulate: int = 1
+    scheduler: bool = False
+    warmup_steps: int = 0
+    segments: list[Segment] = field(default_factory=lambda: [Segment(2)])
+    lr: float = 0.05
+
+
+def order(length: int, epoch: int, seed: int = 0) -> list[int]:
+    """``DistributedSampler``'s shuffled order of an epoch (``seed + epoch``)."""
+    return torch.randperm(length, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def split(rest: list[int], size: int) -> list[list[int]]:
+    """Each rank's rows of what is left of an epoch, padded to the same count."""
+    if len(rest) % size:
+        rest = rest + (rest * size)[: size - len(rest) % size]
+    return [rest[r::size] for r in range(size)]
+
+
+def multiplier(step: int, factor: int, warmup: int) -> float:
+    """Linear warmup from 1x to ``factor``x over ``warmup`` steps (reached at step ``warmup``)."""
+    return float(factor) if not warmup else 1 + (factor - 1) * min(1.0, step / warmup)
+
+
+def run(job: Job, dataset, model: torch.nn.Module) -> dict:
+    """Train ``model`` as the job's ranks would; the final weights (flat), LR in force, steps,
+    and for each epoch every sample index trained (with multiplicity)."""
+    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if job.scheduler else None
+    segments = list(job.segments)
+    step = micro = 0
+    trained: dict[int, list[int]] = {}
+    opt.zero_grad()
+
+    def optimizer_step() -> None:
+        nonlocal step, micro
+        base = opt.param_groups[0]["lr"]
+        opt.param_groups[0]["lr"] = base * multiplier(step, segments[0].size, job.warmup_steps)
+        opt.step()
+        opt.param_groups[0]["lr"] = base
+        opt.zero_grad()
+        step, micro = step + 1, 0
+
+    for epoch in range(job.epochs):
+        epoch_order, done = order(len(dataset), epoch), 0
+        trained[epoch] = []
+        while True:  # a pass: from the epoch's start, or from where a stopped run left it
+            size = segments[0].size
+            rows = split(epoch_order[done:], size)
+            stopped = False
+            for k in range(0, len(rows[0]), job.batch):
+                total = 0.0
+                for r in range(size):
+                    batch = rows[r][k : k + job.batch]
+                    trained[epoch] += batch
+                    x = torch.stack([dataset[i][0] for i in batch])
+                    y = torch.stack([dataset[i][1] for i in batch])
+                    total = total + F.cross_entropy(model(x), y)
+                (total / size).backward()
+                done += job.batch * size
+                micro += 1
+                if micro == job.accumulate:
+                    optimizer_step()
+                    if segments[0].until == step:
+                        segments.pop(0)
+                        stopped = True
+                        break
+            if not stopped:
+                break
+        if micro:  # the epoch's last passes step on their own
+            optimizer_step()
+            if segments[0].until == step:
+                segments.pop(0)
+        if sched is not None:
+            sched.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
+    lr = opt.param_groups[0]["lr"] * multiplier(step, segments[0].size, job.warmup_steps)
+    return {"weights": weights.tolist(), "lr_in_force": lr, "steps": step, "trained": trained}

@@ -1,0 +1,109 @@
+"""One job of the seam matrix (tests/test_seams.py): hvdkit.torch's documented session loop with
+the features the command line turns on, for comparison with tests/seams.py's oracle.
+
+Every rank appends the sample indices of each micro-batch it trains to ``--log/rank<R>.jsonl``
+(so coverage can be checked across a preempted run and its resume) and, when it finishes,
+prints a RESULT line: the flattened weights, the LR in force for the next step, the
+scheduler's LR, the optimizer steps and the position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own spelling
+from torch.utils.data import Dataset
+
+import hvdkit.torch as hvd
+
+SAMPLES, FEATURES, CLASSES = 96, 8, 3
+
+
+class Indexed(Dataset):
+    """``SAMPLES`` rows made from a fixed seed, with their index."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.x = torch.randn(SAMPLES, FEATURES, generator=g)
+        self.y = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 0).long()
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i], i
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--scheduler", action="store_true")
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--preempt-at", type=int, default=0, help="SIGUSR1 after this step")
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--plain-loop", action="store_true", help="for epoch in range(n)")
+    parser.add_argument("--log", required=True)
+    args = parser.parse_args()
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = (
+        torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        if args.scheduler
+        else None
+    )
+    session = hvd.setup(
+        model,
+        optimizer,
+        scheduler=scheduler,
+        checkpoint=args.checkpoint,
+        warmup_steps=args.warmup_steps,
+        backward_passes_per_step=args.accumulate,
+    )
+    loader = session.shard(Indexed(), batch_size=args.batch)
+    log = Path(args.log) / f"rank{session.rank}.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    epochs = range(args.epochs) if args.plain_loop else session.epochs(args.epochs)
+    for _ in epochs:
+        for xb, yb, index in loader:
+            # Logged before the step: a preemption stops the job right after it.
+            with log.open("a") as fh:
+                fh.write(json.dumps({"epoch": session.epoch, "size": session.size,
+                                     "indices": index.tolist()}) + "\n")  # fmt: skip
+            session.optimizer.zero_grad()  # the documented loop, accumulation or not
+            session.backward_and_step(F.cross_entropy(session.model(xb), yb))
+            if args.preempt_at and session.step_count == args.preempt_at and session.rank == 0:
+                os.kill(os.getpid(), signal.SIGUSR1)  # as a scheduler's warning to one rank
+            time.sleep(args.step_delay)
+        if scheduler is not None:
+            scheduler.step()
+        if args.checkpoint and not args.plain_loop:
+            session.save()
+    weights = torch.cat([p.detach().reshape(-1) for p in session.model.state_dict().values()])
+    print("RESULT " + json.dumps({
+        "rank": session.rank, "size": session.size, "steps": session.step_count,
+        "weights": [float(f"{w:.9g}") for w in weights.tolist()],
+        "lr_in_force": session.optimizer.param_groups[0]["lr"] * session.lr_multiplier(),
+        "scheduler_lr": scheduler.get_last_lr()[0] if scheduler is not None else None,
+        "position": getattr(session, "position", None) and session.position.state_dict(),
+    }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
