@@ -108,8 +108,8 @@ class SetupConfig:
             raise ValueError(
                 "op='adasum' is not supported by setup(): its step order (reduce, clip, step) "
                 "needs a synchronization Adasum cannot skip. Fix: use op='average', or wrap "
-                "the optimizer yourself as Horovod does (DistributedOptimizer(optimizer, "
-                "op=hvd.Adasum), then loss.backward() and optimizer.step())"
+                "the optimizer yourself as Horovod does: DistributedOptimizer(optimizer, "
+                "op=hvd.Adasum)"
             )
         if self.op == "sum" and self.lr_scaling == "size":
             raise ValueError(
@@ -281,6 +281,7 @@ class Adapter(abc.ABC):
         if self.config.checkpoint is None:
             raise ValueError("no checkpoint path was configured: pass checkpoint=PATH to setup")
         extra = extra or {}
+        self._enter_save()
         shared = self._gather_for_checkpoint(extra)
         path, error = None, None
         if self.is_root:
@@ -363,6 +364,10 @@ class Adapter(abc.ABC):
     def _apply_resume_info(self, info: dict[str, Any]) -> dict[str, Any] | None:
         """Every rank: take ``info`` (from :meth:`_resume_info`); return the user's extra
         state."""
+
+    def _enter_save(self) -> None:  # noqa: B027 - optional hook
+        """Collective, every rank, first in :meth:`save_checkpoint`: fail with the fix when the
+        other ranks do not come (a save called on rank 0 only would wait for them forever)."""
 
     @abc.abstractmethod
     def _gather_for_checkpoint(self, extra: dict[str, Any]) -> Any:

@@ -38,3 +38,7 @@ KERAS_BACKEND = "KERAS_BACKEND"
 KERAS_HOME = "KERAS_HOME"
 """Keras's own: its backend (``hvdkit doctor`` reports it, the bench sets it per job), and the
 folder of its ``keras.json``."""
+
+SAVE_TIMEOUT = "HVDKIT_SAVE_TIMEOUT"
+"""Seconds a rank waits in ``session.save()`` for the other ranks to enter it too (default 120)
+before it fails saying save() is collective: a save under ``if rank == 0`` would hang."""

@@ -33,7 +33,7 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-CHUNK = 1 << 20
+CHUNK = 1 << 16
 """Elements summarised at a time: the guard's extra memory is a few chunks, not a copy of the
 model (a 7B model's float64 copy would be 56 GB a rank)."""
 

@@ -7,7 +7,9 @@ the LR in force, and which samples each epoch trained. docs/development.md lists
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 import subprocess
 import sys
 from collections import Counter
@@ -23,12 +25,15 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
 
-def job(np: int, log: Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+def job(
+    np: int, log: Path, *args: str, expect: int | None = 0, env: dict | None = None
+) -> subprocess.CompletedProcess:
     argv = [HVDKIT, "run", "-np", str(np), "--gloo", "--", sys.executable,
             str(WORKERS / "seams_worker.py"), "--log", str(log), *args]  # fmt: skip
     out = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
-                         stdin=subprocess.DEVNULL)  # fmt: skip
-    assert out.returncode == expect, out.stdout[-3000:] + out.stderr[-3000:]
+                         stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})  # fmt: skip
+    if expect is not None:
+        assert out.returncode == expect, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
 
@@ -105,3 +110,57 @@ def test_a_plain_epoch_loop_reshuffles_every_epoch(tmp_path):
     first = [json.loads(line)["indices"] for line in (tmp_path / "log" / "rank0.jsonl").open()]
     per_epoch = len(first) // 3
     assert first[:per_epoch] != first[per_epoch : 2 * per_epoch]
+
+
+def one_process(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(WORKERS / "checkpoint_worker.py"), *args]
+    out = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=180,
+                         stdin=subprocess.DEVNULL)  # fmt: skip
+    assert out.returncode == expect, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def test_numpy_extra_values_and_the_grad_scaler_survive_a_resume(tmp_path):
+    """``save(best=np.float64(0.5))`` resumes (it was reported corrupt), and the AMP
+    GradScaler's halved loss scale comes back instead of starting over."""
+    ckpt = str(tmp_path / "ckpt.pt")
+    saved = results(one_process("torch", "save", "--checkpoint", ckpt))[0]
+    assert saved["scale"] == 512.0  # the planted overflow halved 1024
+    resumed = results(one_process("torch", "resume", "--checkpoint", ckpt))[0]
+    assert resumed["resumed"] == {"best": 0.5, "count": 3}
+    assert resumed["scale_before"] == 1024.0 and resumed["scale"] == 512.0
+
+
+def test_a_mismatched_torch_model_names_the_keys_and_shapes(tmp_path):
+    ckpt = str(tmp_path / "ckpt.pt")
+    one_process("torch", "save", "--checkpoint", ckpt)
+    out = one_process("torch", "resume", "--checkpoint", ckpt, "--hidden", "5", expect=1)
+    assert "does not match this model/optimizer" in out.stderr
+    assert "size mismatch for 0.weight" in out.stderr, out.stderr[-2000:]
+    assert "torch.Size([3, 4])" in out.stderr and "torch.Size([5, 4])" in out.stderr
+
+
+@pytest.mark.parametrize("backend", ["torch", "tensorflow"])
+def test_a_keras_resume_into_changed_layers_names_them(tmp_path, monkeypatch, backend):
+    """A checkpoint of [encoder, decoder] resumed into [new_adapter, encoder] (same shapes):
+    matched by variable path, refused naming both layers, instead of the new layer silently
+    getting the old encoder's weights."""
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    ckpt = str(tmp_path / "ckpt.npz")
+    one_process("keras", "save", "--checkpoint", ckpt)
+    out = one_process("keras", "resume", "--checkpoint", ckpt, expect=1)
+    assert "model variables differ" in out.stderr, out.stderr[-2000:]
+    assert "new_adapter/kernel" in out.stderr and "decoder/kernel" in out.stderr
+
+
+def test_save_called_on_rank_0_only_fails_with_the_fix(tmp_path):
+    """``if hvd.rank() == 0: session.save()`` (a Horovod habit) waited forever: save() is
+    collective. Rank 0 now fails after HVDKIT_SAVE_TIMEOUT, naming the fix, and the job ends."""
+    started = time.monotonic()
+    out = job(2, tmp_path / "log", "--checkpoint", str(tmp_path / "c.pt"), "--rank0-saves",
+              expect=None, env={"HVDKIT_SAVE_TIMEOUT": "3"})  # fmt: skip
+    assert out.returncode != 0
+    assert "save() is collective" in out.stdout + out.stderr, out.stderr[-3000:]
+    assert "Fix: call session.save() on every rank" in out.stdout + out.stderr
+    assert time.monotonic() - started < 90
+    assert not (tmp_path / "c.pt").exists()  # nothing written

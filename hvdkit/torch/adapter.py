@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import random
+import time
 import types
 from pathlib import Path
 from typing import Any, cast
@@ -13,7 +15,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdkit import preempt
+from hvdkit import envvars, preempt
 from hvdkit.checkpoint import CheckpointError, atomic_write
 from hvdkit.core import Adapter, SetupConfig, Topology
 from hvdkit.devices import pin
@@ -202,6 +204,23 @@ class TorchAdapter(Adapter):
             set_rng_state(info["rng"][hvd.rank()])
         extra: dict[str, Any] | None = info["extra"]
         return extra
+
+    def _enter_save(self) -> None:
+        handle = hvd.allreduce_async(torch.zeros(1), op=hvd.Sum, name="hvdkit.save.enter")
+        limit = float(os.environ.get(envvars.SAVE_TIMEOUT, "120"))
+        deadline = time.monotonic() + limit
+        while not hvd.poll(handle):
+            if time.monotonic() > deadline:
+                assert self.topology is not None
+                raise RuntimeError(
+                    f"hvdkit: save() on rank {self.topology.rank} waited {limit:g} s for the "
+                    "other ranks to save too. save() is collective: every rank calls it "
+                    "(hvdkit writes the file on rank 0 only), so a save under `if hvd.rank() "
+                    "== 0:` waits forever. Fix: call session.save() on every rank. (If the "
+                    f"others are only slow to get there, raise {envvars.SAVE_TIMEOUT}.)"
+                )
+            time.sleep(0.01)
+        hvd.synchronize(handle)
 
     def _gather_for_checkpoint(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
         return hvd.allgather_object(rng_state(), name="hvdkit.rng")

@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--preempt-at", type=int, default=0, help="SIGUSR1 after this step")
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--plain-loop", action="store_true", help="for epoch in range(n)")
+    parser.add_argument("--rank0-saves", action="store_true", help="save under rank == 0")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
 
@@ -93,7 +94,10 @@ def main() -> None:
             time.sleep(args.step_delay)
         if scheduler is not None:
             scheduler.step()
-        if args.checkpoint and not args.plain_loop:
+        if args.rank0_saves:
+            if session.rank == 0:  # a Horovod habit: save() is collective in hvdkit
+                session.save()
+        elif args.checkpoint and not args.plain_loop:
             session.save()
     weights = torch.cat([p.detach().reshape(-1) for p in session.model.state_dict().values()])
     print("RESULT " + json.dumps({
