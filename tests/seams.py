@@ -35,6 +35,9 @@ class Job:
     warmup_steps: int = 0
     segments: list[Segment] = field(default_factory=lambda: [Segment(2)])
     lr: float = 0.05
+    amp: bool = False  # bf16 autocast for the forward pass, gradients clipped to norm 1
+    compression: str = "none"  # "fp16": each rank's gradient rounded to float16 to travel
+    op: str = "average"  # "sum": the ranks' gradients summed, the LR not scaled
 
 
 def order(length: int, epoch: int, seed: int = 0) -> list[int]:
@@ -59,18 +62,30 @@ def run(job: Job, dataset, model: torch.nn.Module) -> dict:
     and for each epoch every sample index trained (with multiplicity)."""
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if job.scheduler else None
+    params = list(model.parameters())
     segments = list(job.segments)
     step = micro = 0
     trained: dict[int, list[int]] = {}
-    opt.zero_grad()
+    # Each rank's gradient, summed over the passes of the step (Horovod accumulates locally).
+    accumulated: list[list[torch.Tensor]] = []
+
+    def factor() -> int:
+        return 1 if job.op == "sum" else segments[0].size
 
     def optimizer_step() -> None:
         nonlocal step, micro
+        wire = [[g.half().float() if job.compression == "fp16" else g for g in rank]
+                for rank in accumulated]  # fmt: skip
+        for i, p in enumerate(params):
+            total = torch.stack([rank[i] for rank in wire]).sum(0)
+            p.grad = total if job.op == "sum" else total / len(wire)
+        if job.amp:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
         base = opt.param_groups[0]["lr"]
-        opt.param_groups[0]["lr"] = base * multiplier(step, segments[0].size, job.warmup_steps)
+        opt.param_groups[0]["lr"] = base * multiplier(step, factor(), job.warmup_steps)
         opt.step()
         opt.param_groups[0]["lr"] = base
-        opt.zero_grad()
+        accumulated.clear()
         step, micro = step + 1, 0
 
     for epoch in range(job.epochs):
@@ -81,14 +96,19 @@ def run(job: Job, dataset, model: torch.nn.Module) -> dict:
             rows = split(epoch_order[done:], size)
             stopped = False
             for k in range(0, len(rows[0]), job.batch):
-                total = 0.0
+                if not accumulated:
+                    accumulated.extend([torch.zeros_like(p) for p in params] for _ in range(size))
                 for r in range(size):
                     batch = rows[r][k : k + job.batch]
                     trained[epoch] += batch
                     x = torch.stack([dataset[i][0] for i in batch])
                     y = torch.stack([dataset[i][1] for i in batch])
-                    total = total + F.cross_entropy(model(x), y)
-                (total / size).backward()
+                    model.zero_grad()
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.amp):
+                        loss = F.cross_entropy(model(x), y)
+                    loss.backward()
+                    for acc, p in zip(accumulated[r], params, strict=True):
+                        acc += p.grad
                 done += job.batch * size
                 micro += 1
                 if micro == job.accumulate:
@@ -106,5 +126,5 @@ def run(job: Job, dataset, model: torch.nn.Module) -> dict:
         if sched is not None:
             sched.step()
     weights = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()])
-    lr = opt.param_groups[0]["lr"] * multiplier(step, segments[0].size, job.warmup_steps)
+    lr = opt.param_groups[0]["lr"] * multiplier(step, factor(), job.warmup_steps)
     return {"weights": weights.tolist(), "lr_in_force": lr, "steps": step, "trained": trained}

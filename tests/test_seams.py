@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -47,20 +47,26 @@ def logged(log: Path) -> dict[int, Counter]:
     return trained
 
 
-def assert_like_the_oracle(out: subprocess.CompletedProcess, log: Path, oracle: seams.Job):
-    ranks = results(out)
+def assert_like_the_oracle(
+    out: subprocess.CompletedProcess, log: Path | None, oracle: seams.Job, ranks: dict | None = None
+) -> None:
+    """Ranks equal bit for bit; weights (to the path tolerance), steps, LR in force and the
+    scheduler's LR equal the oracle's; with ``log``, every epoch trained the oracle's samples."""
+    ranks = ranks if ranks is not None else results(out)
     sizes = {r["size"] for r in ranks.values()}
     assert sorted(ranks) == list(range(sizes.pop())), out.stdout[-2000:]
     assert len({json.dumps(r["weights"]) for r in ranks.values()}) == 1  # ranks: bit for bit
     mine = ranks[0]
     expected = seams.run(oracle, Indexed(), make_model())
     assert mine["steps"] == expected["steps"]
-    assert paths_close(mine["weights"], expected["weights"], steps=expected["steps"]), (
-        max_difference(mine["weights"], expected["weights"])
-    )
+    difference = max_difference(mine["weights"], expected["weights"])
+    print(f"max difference from the oracle: {difference:.3g} after {mine['steps']} steps")
+    assert paths_close(mine["weights"], expected["weights"], steps=expected["steps"]), difference
     assert mine["lr_in_force"] == pytest.approx(expected["lr_in_force"], rel=1e-12)
     if mine["scheduler_lr"] is not None:
         assert mine["scheduler_lr"] == pytest.approx(oracle.lr * 0.5**oracle.epochs, rel=1e-12)
+    if log is None:
+        return
     trained = logged(log)
     assert sorted(trained) == list(range(oracle.epochs))
     for epoch, counts in trained.items():
@@ -100,6 +106,60 @@ def test_preempted_then_resumed_on_another_number_of_ranks(tmp_path, before, aft
         segments=[seams.Segment(before, step), seams.Segment(after)],
     )  # fmt: skip
     assert_like_the_oracle(resumed, log, oracle)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "features"),
+    [
+        (2, 1, ["--amp", "--compression", "fp16"]),
+        (2, 2, ["--amp", "--op", "sum"]),
+    ],
+    ids=["amp-fp16-to-1-rank", "amp-sum-same-size"],
+)
+def test_every_feature_at_once_across_a_preemption(tmp_path, before, after, features):
+    """Accumulation, bf16 autocast with clipping (the norm of the reduced gradient), fp16
+    compression or ``op="sum"``, a scheduler, warmup, a preemption and its resume (at another
+    size, or the same): the pairs the cases above leave out, against the same oracle (which
+    rounds each rank's gradient to float16 to travel, as the compression does)."""
+    ckpt, log = tmp_path / "ckpt.pt", tmp_path / "log"
+    args = ["--epochs", "3", "--accumulate", "2", "--scheduler", "--warmup-steps", "3",
+            "--checkpoint", str(ckpt), *features]  # fmt: skip
+    stopped = job(before, log, *args, "--preempt-at", "2", "--step-delay", "0.25", expect=75)
+    step = int(re.search(r"hvdkit: preempted .*\(step (\d+)\)", stopped.stdout).group(1))
+    resumed = job(after, log, *args)
+    oracle = seams.Job(
+        epochs=3, accumulate=2, scheduler=True, warmup_steps=3, amp=True,
+        compression="fp16" if "fp16" in features else "none",
+        op="sum" if "sum" in features else "average",
+        segments=[seams.Segment(before, step), seams.Segment(after)],
+    )  # fmt: skip
+    assert_like_the_oracle(resumed, log, oracle)
+
+
+def test_elastic_kill_with_accumulation_warmup_and_a_scheduler(tmp_path):
+    """An elastic session (kill -9 of one worker at step 7, its host back after the cooldown)
+    with accumulation, a warmup in progress across both resets and a scheduler: the weights
+    equal one run that changed size at the steps the resets went back to."""
+    from test_elastic import elastic_job, finished
+
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+        script="seams_worker.py",
+        worker=("--elastic", "--kill-at", "7", "--epochs", "6", "--accumulate", "2",
+                "--warmup-steps", "10", "--scheduler", "--step-delay", "0.3",
+                "--log", str(tmp_path / "log")),
+    )  # fmt: skip
+    assert out.returncode == 0 and killed is not None, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = {r["rank"]: r for r in finished(out)}
+    survivor = max(ranks.values(), key=lambda r: len(r["resets"]))
+    assert len(survivor["resets"]) == 2, f"no rejoin before the end: {survivor['resets']}"
+    (lost_at, lost_size), (joined_at, joined_size) = survivor["resets"]
+    assert (lost_size, joined_size) == (1, 2) and lost_at <= 7 <= joined_at, survivor["resets"]
+    oracle = seams.Job(
+        epochs=6, accumulate=2, scheduler=True, warmup_steps=10,
+        segments=[seams.Segment(2, lost_at), seams.Segment(1, joined_at), seams.Segment(2)],
+    )  # fmt: skip
+    assert_like_the_oracle(out, None, oracle, ranks=ranks)
 
 
 def test_a_plain_epoch_loop_reshuffles_every_epoch(tmp_path):

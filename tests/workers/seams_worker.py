@@ -59,6 +59,14 @@ def main() -> None:
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--plain-loop", action="store_true", help="for epoch in range(n)")
     parser.add_argument("--rank0-saves", action="store_true", help="save under rank == 0")
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast, clip to norm 1")
+    parser.add_argument("--compression", default="none")
+    parser.add_argument("--op", default="average")
+    parser.add_argument("--elastic", action="store_true")
+    parser.add_argument("--commit", type=int, default=5)
+    parser.add_argument("--kill-at", type=int, default=0, help="elastic: SIGKILL at this step")
+    parser.add_argument("--kill-host", default="127.0.0.1")
+    parser.add_argument("--marker", help="elastic: the file that says the kill happened")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
 
@@ -76,19 +84,41 @@ def main() -> None:
         checkpoint=args.checkpoint,
         warmup_steps=args.warmup_steps,
         backward_passes_per_step=args.accumulate,
+        compression=args.compression,
+        op=args.op,
+        lr_scaling="none" if args.op == "sum" else "size",
+        elastic=args.elastic,
+        commit_every=args.commit,
     )
+    step_options = {"clip_grad_norm": 1.0} if args.amp else {}
+    resets: list[list[int]] = []  # elastic: [step, size] after each reset
+    generation = 0
     loader = session.shard(Indexed(), batch_size=args.batch)
     log = Path(args.log) / f"rank{session.rank}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     epochs = range(args.epochs) if args.plain_loop else session.epochs(args.epochs)
     for _ in epochs:
         for xb, yb, index in loader:
+            if args.elastic and session._elastic.generation != generation:  # reset before it
+                generation = session._elastic.generation
+                resets.append([session.step_count, session.size])
+            if (
+                args.kill_at
+                and session.step_count == args.kill_at
+                and session.position.micro_step == 0
+            ):
+                marker = Path(args.marker)
+                if os.environ.get("HOROVOD_HOSTNAME") == args.kill_host and not marker.exists():
+                    marker.write_text(json.dumps({"time": time.time(), "step": args.kill_at}))
+                    os.kill(os.getpid(), signal.SIGKILL)
             # Logged before the step: a preemption stops the job right after it.
             with log.open("a") as fh:
                 fh.write(json.dumps({"epoch": session.epoch, "size": session.size,
                                      "indices": index.tolist()}) + "\n")  # fmt: skip
             session.optimizer.zero_grad()  # the documented loop, accumulation or not
-            session.backward_and_step(F.cross_entropy(session.model(xb), yb))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
+                loss = F.cross_entropy(session.model(xb), yb)
+            session.backward_and_step(loss, **step_options)
             if args.preempt_at and session.step_count == args.preempt_at and session.rank == 0:
                 os.kill(os.getpid(), signal.SIGUSR1)  # as a scheduler's warning to one rank
             time.sleep(args.step_delay)
@@ -106,6 +136,7 @@ def main() -> None:
         "lr_in_force": session.optimizer.param_groups[0]["lr"] * session.lr_multiplier(),
         "scheduler_lr": scheduler.get_last_lr()[0] if scheduler is not None else None,
         "position": getattr(session, "position", None) and session.position.state_dict(),
+        "resets": resets,
     }), flush=True)  # fmt: skip
 
 
