@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from hvdkit import preempt, rank_zero
-from hvdkit.checkpoint import CheckpointError
+from hvdkit.checkpoint import CheckpointError, plain_extra
 from hvdkit.lr import LR_POLICIES, LrScaling, Warmup, scale_factor, warmup_steps
 
 ReduceOp = Literal["average", "sum", "adasum"]
@@ -177,11 +177,14 @@ class Adapter(abc.ABC):
     """Template for a framework adapter: :meth:`setup` owns the six steps and their order.
 
     ``FORMAT`` names the checkpoints the adapter writes (checked on resume, here);
-    ``FRAMEWORK`` and ``MODULE`` name them in messages."""
+    ``FRAMEWORK`` and ``MODULE`` name them in messages; ``EXTRA_TYPES`` are the values a
+    checkpoint's ``extra`` can hold (:func:`hvdkit.checkpoint.plain_extra` checks them when
+    saving)."""
 
     FORMAT: ClassVar[str]
     FRAMEWORK: ClassVar[str]
     MODULE: ClassVar[str]
+    EXTRA_TYPES: ClassVar[tuple[type, ...]] = (type(None), bool, int, float, str)
 
     def __init__(self, config: SetupConfig) -> None:
         self.config = config
@@ -280,7 +283,7 @@ class Adapter(abc.ABC):
         full) stops every rank instead of leaving them waiting. Returns the path on rank 0."""
         if self.config.checkpoint is None:
             raise ValueError("no checkpoint path was configured: pass checkpoint=PATH to setup")
-        extra = extra or {}
+        extra = plain_extra(extra or {}, self.EXTRA_TYPES)  # every rank, before any collective
         self._enter_save()
         shared = self._gather_for_checkpoint(extra)
         path, error = None, None

@@ -62,6 +62,7 @@ class TorchAdapter(Adapter):
     """Six steps for a ``torch.nn.Module`` and ``torch.optim.Optimizer``."""
 
     FORMAT = FORMAT
+    EXTRA_TYPES = TORCH_EXTRA_TYPES
     FRAMEWORK = "PyTorch"
     MODULE = "hvdkit.torch"
 

@@ -11,12 +11,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from hvdkit import preempt, rank_zero, sync
-from hvdkit.checkpoint import plain_extra
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.devices import cores_per_process
 from hvdkit.elastic import SessionElastic
 from hvdkit.position import Position, epoch_order, remaining
-from hvdkit.torch.adapter import TORCH_EXTRA_TYPES, TorchAdapter
+from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import reduce_and_step, step_or_accumulate
 
 
@@ -357,7 +356,6 @@ class Session:
                 "the gradients accumulated so far are not saved. Fix: save after the step "
                 "(when session.position.micro_step is 0), e.g. at the end of the epoch"
             )
-        extra = plain_extra(extra, TORCH_EXTRA_TYPES)
         if preempt.EXTRA not in extra:
             self._extra = dict(extra)
         _, path = self._collective(
