@@ -59,8 +59,10 @@ BUDGETED: dict[str, float] = {
     # seams on the torch backend) stays; these are its other combinations.
     "test_seams.py::test_accumulation_through_the_session_loop[4]": 8,
     "test_seams.py::test_preempted_then_resumed_on_another_number_of_ranks[1-2-2]": 12,
-    "test_seams.py::test_every_feature_at_once_across_a_preemption[amp-sum-same-size]": 15,
-    "test_seams.py::test_elastic_kill_with_accumulation_warmup_and_a_scheduler": 25,
+    "test_seams.py::test_every_feature_at_once_across_a_preemption[sum-same-size]": 15,
+    "test_seams.py::test_every_feature_at_once_across_a_preemption[sum-to-2-ranks]": 15,
+    "test_seams.py::test_elastic_kill_with_accumulation_and_a_scheduler[warmup]": 25,
+    "test_seams.py::test_elastic_kill_with_accumulation_and_a_scheduler[amp-fp16-sum]": 25,
     "test_seams.py::test_a_keras_resume_into_changed_layers_names_them[tensorflow]": 20,
     "test_seams.py::test_a_mismatched_torch_model_names_the_keys_and_shapes": 12,
     # The docs' examples (tests/test_docs.py): the quick starts (PyTorch and Keras on 2 ranks,

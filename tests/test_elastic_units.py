@@ -171,3 +171,27 @@ def test_elastic_session_sampler_resplits_the_rest_of_the_epoch(shuffle):
     left = [i for part in rest for i in part]
     assert set(left) == set(range(10)) - done and len(left) == 6
     assert sum(map(len, (rows(3, 5, r, drop_last=True) for r in range(3)))) == 3
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_an_elastic_restore_keeps_the_param_groups_a_scheduler_drives():
+    """TorchState's optimizer restore loads into the existing param groups. Horovod's wrapped
+    optimizer shares its group dicts with the one a scheduler was made on; torch's
+    ``load_state_dict`` replaced them, and the scheduler went on setting an LR nothing used."""
+    import torch
+
+    from hvdkit.torch.elastic import OptimizerHandler
+
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
+    wrapped = torch.optim.SGD(inner.param_groups, lr=0.1)  # shares the dicts, as Horovod's does
+    handler = OptimizerHandler(wrapped)  # commits lr 0.1
+    model(torch.ones(1, 2)).sum().backward()
+    wrapped.step()
+    scheduler.step()  # lr 0.05 in the shared dict
+    handler.restore()
+    assert wrapped.param_groups[0] is inner.param_groups[0]
+    assert wrapped.param_groups[0]["lr"] == 0.1 and not wrapped.state  # the commit's
+    scheduler.step()
+    assert wrapped.param_groups[0]["lr"] == 0.05  # the scheduler still drives it

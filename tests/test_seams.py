@@ -109,45 +109,48 @@ def test_preempted_then_resumed_on_another_number_of_ranks(tmp_path, before, aft
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "features"),
-    [
-        (2, 1, ["--amp", "--compression", "fp16"]),
-        (2, 2, ["--amp", "--op", "sum"]),
-    ],
-    ids=["amp-fp16-to-1-rank", "amp-sum-same-size"],
+    ("before", "after", "op"),
+    [(2, 1, "average"), (2, 2, "sum"), (1, 2, "sum")],
+    ids=["average-to-1-rank", "sum-same-size", "sum-to-2-ranks"],
 )
-def test_every_feature_at_once_across_a_preemption(tmp_path, before, after, features):
+def test_every_feature_at_once_across_a_preemption(tmp_path, before, after, op):
     """Accumulation, bf16 autocast with clipping (the norm of the reduced gradient), fp16
-    compression or ``op="sum"``, a scheduler, warmup, a preemption and its resume (at another
-    size, or the same): the pairs the cases above leave out, against the same oracle (which
-    rounds each rank's gradient to float16 to travel, as the compression does)."""
+    compression, ``op`` (``sum`` with the LR unscaled), a scheduler, warmup, a preemption and
+    its resume (at another size, or the same): the pairs the cases above leave out, against
+    the same oracle (which rounds each rank's gradient to float16 to travel, as the
+    compression does)."""
     ckpt, log = tmp_path / "ckpt.pt", tmp_path / "log"
     args = ["--epochs", "3", "--accumulate", "2", "--scheduler", "--warmup-steps", "3",
-            "--checkpoint", str(ckpt), *features]  # fmt: skip
+            "--checkpoint", str(ckpt), "--amp", "--compression", "fp16", "--op", op]  # fmt: skip
     stopped = job(before, log, *args, "--preempt-at", "2", "--step-delay", "0.25", expect=75)
     step = int(re.search(r"hvdkit: preempted .*\(step (\d+)\)", stopped.stdout).group(1))
     resumed = job(after, log, *args)
     oracle = seams.Job(
-        epochs=3, accumulate=2, scheduler=True, warmup_steps=3, amp=True,
-        compression="fp16" if "fp16" in features else "none",
-        op="sum" if "sum" in features else "average",
-        segments=[seams.Segment(before, step), seams.Segment(after)],
+        epochs=3, accumulate=2, scheduler=True, warmup_steps=3, amp=True, compression="fp16",
+        op=op, segments=[seams.Segment(before, step), seams.Segment(after)],
     )  # fmt: skip
     assert_like_the_oracle(resumed, log, oracle)
 
 
-def test_elastic_kill_with_accumulation_warmup_and_a_scheduler(tmp_path):
+@pytest.mark.parametrize(
+    "features",
+    [["--warmup-steps", "10"], ["--amp", "--compression", "fp16", "--op", "sum"]],
+    ids=["warmup", "amp-fp16-sum"],
+)
+def test_elastic_kill_with_accumulation_and_a_scheduler(tmp_path, features):
     """An elastic session (kill -9 of one worker at step 7, its host back after the cooldown)
-    with accumulation, a warmup in progress across both resets and a scheduler: the weights
-    equal one run that changed size at the steps the resets went back to."""
+    with accumulation, a scheduler, checkpoints at each epoch end, and a warmup in progress
+    across both resets, or AMP with clipping, fp16 compression and ``op="sum"``: the weights
+    equal one run that changed size at the steps the resets went back to. (Elastic sessions
+    recover instead of stopping on a preemption signal: those two do not meet.)"""
     from test_elastic import elastic_job, finished
 
     out, killed, _ = elastic_job(
         tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
         script="seams_worker.py",
         worker=("--elastic", "--kill-at", "7", "--epochs", "6", "--accumulate", "2",
-                "--warmup-steps", "10", "--scheduler", "--step-delay", "0.3",
-                "--log", str(tmp_path / "log")),
+                "--scheduler", "--step-delay", "0.3", "--checkpoint", str(tmp_path / "c.pt"),
+                "--log", str(tmp_path / "log"), *features),
     )  # fmt: skip
     assert out.returncode == 0 and killed is not None, out.stdout[-3000:] + out.stderr[-3000:]
     ranks = {r["rank"]: r for r in finished(out)}
@@ -156,10 +159,14 @@ def test_elastic_kill_with_accumulation_warmup_and_a_scheduler(tmp_path):
     (lost_at, lost_size), (joined_at, joined_size) = survivor["resets"]
     assert (lost_size, joined_size) == (1, 2) and lost_at <= 7 <= joined_at, survivor["resets"]
     oracle = seams.Job(
-        epochs=6, accumulate=2, scheduler=True, warmup_steps=10,
+        epochs=6, accumulate=2, scheduler=True,
+        warmup_steps=10 if "--warmup-steps" in features else 0,
+        amp="--amp" in features, compression="fp16" if "fp16" in features else "none",
+        op="sum" if "sum" in features else "average", elastic=True,
         segments=[seams.Segment(2, lost_at), seams.Segment(1, joined_at), seams.Segment(2)],
     )  # fmt: skip
     assert_like_the_oracle(out, None, oracle, ranks=ranks)
+    assert (tmp_path / "c.pt").exists()
 
 
 def test_a_plain_epoch_loop_reshuffles_every_epoch(tmp_path):

@@ -94,6 +94,9 @@ class _EpochLoader:
                 if elastic is not None and elastic.generation != generation:
                     break  # recovered: go on from the restored position, re-split
             else:
+                session._flush()
+                if elastic is not None and elastic.generation != generation:
+                    continue  # recovered during that last step: from the restored position
                 session._end_pass()
                 return
 
@@ -158,7 +161,6 @@ class Session:
             self.position.samples = done * batch_samples
 
     def _end_pass(self) -> None:
-        self._flush()
         if self._in_epochs:
             self.position.samples = 0  # epochs() ends the epoch
         else:
@@ -358,8 +360,10 @@ class Session:
             )
         if preempt.EXTRA not in extra:
             self._extra = dict(extra)
+        # After a full pass of a plain loop the position is at the next epoch already.
+        ended = end_of_epoch and (self._in_epochs or self.position.samples > 0)
         _, path = self._collective(
-            lambda: self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(end_of_epoch)),
+            lambda: self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(ended)),
             again=True,
         )
         return cast(Path | None, path)
