@@ -103,6 +103,17 @@ def test_slurm_without_tasks_uses_cpus_per_node_over_cpus_per_task():
          r"adds up to 4 tasks but SLURM_NTASKS=3"),
         ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "0(x2)"},
          r"SLURM_TASKS_PER_NODE='0\(x2\)' cannot be read"),
+        # Counts that are not numbers (issue 39): named, never a traceback or ignored.
+        ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS": "two"},
+         r"SLURM_NTASKS='two' is not a positive whole number.*Fix: unset it"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NPROCS": "-1"},
+         r"SLURM_NPROCS='-1' is not a positive whole number"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)",
+          "SLURM_CPUS_PER_TASK": "abc"},
+         r"SLURM_CPUS_PER_TASK='abc' is not a positive whole number"),
+        ({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_CPUS_PER_NODE": "8(x2)",
+          "SLURM_CPUS_PER_TASK": "0"},
+         r"SLURM_CPUS_PER_TASK='0' is not a positive whole number"),
     ],
 )  # fmt: skip
 def test_slurm_variables_that_disagree_are_named(env, message):

@@ -122,6 +122,20 @@ def expand_counts(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int
     return counts
 
 
+def _positive(env: Mapping[str, str], variable: str) -> int | None:
+    """A scheduler's count (``SLURM_NTASKS``, ``SLURM_CPUS_PER_TASK``...): None when unset, an
+    AllocationError naming the variable when it is not a positive whole number."""
+    value = env.get(variable, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise AllocationError(
+            f"{variable}={value!r} is not a positive whole number, and hvdkit reads it to plan "
+            f"the ranks. Fix: unset it, or give it a count as Slurm does (e.g. {variable}=4)"
+        )
+    return int(value)
+
+
 def _bad(variable: str, value: str, form: str) -> str:
     return f"{variable}={value!r} cannot be read; expected the form {form}"
 
@@ -134,13 +148,15 @@ def slurm(env: Mapping[str, str]) -> Allocation | None:
     variable = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
     names = expand_nodelist(nodelist, variable)
     origin = f"{variable}={nodelist}"
+    per_task = _positive(env, "SLURM_CPUS_PER_TASK") or 1
+    ntasks_variable = "SLURM_NTASKS" if env.get("SLURM_NTASKS") else "SLURM_NPROCS"
+    ntasks = _positive(env, ntasks_variable)
     if env.get("SLURM_TASKS_PER_NODE"):
         counts = expand_counts(env["SLURM_TASKS_PER_NODE"])
         origin += f", SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']}"
         where = "SLURM_TASKS_PER_NODE"
     elif env.get("SLURM_JOB_CPUS_PER_NODE"):
         # No tasks asked for: one rank per CPU, or per --cpus-per-task CPUs.
-        per_task = int(env.get("SLURM_CPUS_PER_TASK") or 1)
         cpus = expand_counts(env["SLURM_JOB_CPUS_PER_NODE"], "SLURM_JOB_CPUS_PER_NODE")
         counts = [max(1, c // per_task) for c in cpus]
         origin += f", SLURM_JOB_CPUS_PER_NODE={env['SLURM_JOB_CPUS_PER_NODE']}"
@@ -153,11 +169,10 @@ def slurm(env: Mapping[str, str]) -> Allocation | None:
             f"{where}={env[where]!r} gives {len(counts)} node(s) but {variable}={nodelist!r} "
             f"lists {len(names)}; both describe the same nodes"
         )
-    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
-    if ntasks and where == "SLURM_TASKS_PER_NODE" and int(ntasks) != sum(counts):
+    if ntasks and where == "SLURM_TASKS_PER_NODE" and ntasks != sum(counts):
         raise AllocationError(
             f"SLURM_TASKS_PER_NODE={env[where]!r} adds up to {sum(counts)} tasks but "
-            f"SLURM_NTASKS={ntasks}; the job's variables disagree (were they set by hand?)"
+            f"{ntasks_variable}={ntasks}; the job's variables disagree (were they set by hand?)"
         )
     source = f"Slurm ({variable})"
     hosts = tuple(Host(n, c, source=source) for n, c in zip(names, counts, strict=True))
