@@ -121,6 +121,37 @@ def test_slurm_variables_that_disagree_are_named(env, message):
         detect(env, *files({}))
 
 
+@pytest.mark.parametrize(
+    ("env", "contents", "message"),
+    [
+        ({"PBS_NODEFILE": "/n"}, {"/n": "node1\n$(id)\n"},
+         r"/n:2: bad host name '\$\(id\)'"),
+        ({"LSB_DJOB_HOSTFILE": "/h"}, {"/h": "node1\nnode`id`\n"},
+         r"/h:2: bad host name 'node`id`'"),
+        ({"LSB_MCPU_HOSTS": "node1 1 node2;rm 1"}, {},
+         r"LSB_MCPU_HOSTS: bad host name 'node2;rm'"),
+    ],
+)  # fmt: skip
+def test_scheduler_host_names_with_shell_characters_are_refused_saying_where(
+    env, contents, message
+):
+    """Issue 39: PBS and LSF host names reach horovodrun's ssh and shell strings as the
+    hostfile's do, and are checked the same way (the file and line, or the variable)."""
+    with pytest.raises(AllocationError, match=message):
+        detect(env, *files(contents))
+
+
+@pytest.mark.parametrize("value", ["eth0;id", "eth0 eth1", "$(id)", "", "eth0,"])
+def test_a_network_interface_with_shell_characters_is_refused(value):
+    import argparse
+
+    from hvdkit.commands.options import interface_names
+
+    with pytest.raises(argparse.ArgumentTypeError, match="is not an interface name"):
+        interface_names(value)
+    assert interface_names("eth0,ib0") == "eth0,ib0" and interface_names("enp0s3.100")
+
+
 def test_pbs_nodefile_has_one_line_per_slot():
     text = "cn01.cluster\ncn01.cluster\ncn02.cluster\ncn02.cluster\ncn01.cluster\n"
     env = {"PBS_NODEFILE": "/var/spool/pbs/aux/77.pbs", "PBS_JOBID": "77.pbs"}

@@ -4,6 +4,7 @@ type and metavar live here; each subcommand gives the help that fits it."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 
@@ -18,9 +19,21 @@ def add_hostfile(parser: Any, help: str) -> None:  # noqa: A002 - argparse's own
     parser.add_argument("--hostfile", metavar="FILE", help=help)
 
 
+def interface_names(value: str) -> str:
+    """``--network-interface``'s value: interface names, comma-separated (it reaches
+    horovodrun's shell strings, so nothing but letters, digits, ``.``, ``_``, ``-``, ``:``)."""
+    names = value.split(",")
+    if not all(re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", name) for name in names):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an interface name: use names such as eth0 or ib0, "
+            "comma-separated for several (see `ip -brief address`)"
+        )
+    return value
+
+
 def add_network_interface(parser: argparse.ArgumentParser, help: str) -> None:  # noqa: A002
     """``--network-interface IF``, horovodrun's flag (``run``, ``doctor``, ``bench``)."""
-    parser.add_argument("--network-interface", metavar="IF", help=help)
+    parser.add_argument("--network-interface", metavar="IF", type=interface_names, help=help)
 
 
 def add_env(

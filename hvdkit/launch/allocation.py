@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile_text
+from hvdkit.launch.hostfile import Host, HostfileError, check_name, parse_hostfile_text
 
 MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
 
@@ -194,13 +194,23 @@ def _slurm_gpus(env: Mapping[str, str]) -> int | None:
 def _per_slot_lines(text: str, source: str, scheduler: str) -> tuple[Host, ...]:
     """One line per slot (PBS_NODEFILE, LSB_DJOB_HOSTFILE): hosts in first-seen order."""
     counts: dict[str, int] = {}
-    for line in text.splitlines():
+    for lineno, line in enumerate(text.splitlines(), 1):
         name = line.split("#", 1)[0].strip()
         if name:
+            name = _host_name(name, f"{source}:{lineno}", line)
             counts[name] = counts.get(name, 0) + 1
     if not counts:
         raise AllocationError(f"{source}: no hosts in it; the {scheduler} job has no slots")
     return tuple(Host(n, c, source=source) for n, c in counts.items())
+
+
+def _host_name(name: str, where: str, text: str) -> str:
+    """A scheduler's host name, checked as a hostfile's are (it reaches horovodrun's ssh and
+    shell strings): AllocationError naming the file and line, or the variable."""
+    try:
+        return check_name(name, where, text)
+    except HostfileError as exc:
+        raise AllocationError(f"{exc}; the allocation's host list is not usable as it is") from None
 
 
 def _read(path: str, variable: str, read: Callable[[str], str]) -> str:
@@ -230,7 +240,11 @@ def lsf(env: Mapping[str, str], read: Callable[[str], str]) -> Allocation | None
     if len(value) % 2 or not all(n.isdigit() and int(n) > 0 for n in value[1::2]):
         raise AllocationError(_bad("LSB_MCPU_HOSTS", " ".join(value), "host1 4 host2 4"))
     pairs = zip(value[::2], value[1::2], strict=True)
-    hosts = tuple(Host(n, int(c), source="LSB_MCPU_HOSTS") for n, c in pairs)
+    text = " ".join(value)
+    hosts = tuple(
+        Host(_host_name(n, "LSB_MCPU_HOSTS", text), int(c), source="LSB_MCPU_HOSTS")
+        for n, c in pairs
+    )
     return Allocation("LSF", hosts, f"LSB_MCPU_HOSTS={' '.join(value)}", job)
 
 

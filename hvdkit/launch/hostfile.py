@@ -46,7 +46,10 @@ def _where(source: str, lineno: int | None) -> str:
     return f"{source}:{lineno}" if lineno is not None else source
 
 
-def _check_name(name: str, where: str, text: str) -> str:
+def check_name(name: str, where: str, text: str) -> str:
+    """``name`` if it is a host name or address (letters, digits, '.', '-', '_'; or an IPv6
+    literal): what reaches horovodrun's ssh and shell strings. HostfileError saying ``where``
+    it came from otherwise."""
     if _NAME.match(name):
         return name
     try:
@@ -85,7 +88,7 @@ def parse_entry(
         slots = _count(count, "slots", where, text)
     else:
         name = head  # a plain name, or a bare IPv6 literal (two or more colons)
-    name = _check_name(name, where, text)
+    name = check_name(name, where, text)
     max_slots = None
     if options and not allow_options:
         raise HostfileError(f"{where}: unexpected {' '.join(options)!r}; expected HOST or HOST:N")
