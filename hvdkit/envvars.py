@@ -42,3 +42,8 @@ folder of its ``keras.json``."""
 SAVE_TIMEOUT = "HVDKIT_SAVE_TIMEOUT"
 """Seconds a rank waits in ``session.save()`` for the other ranks to enter it too (default 120)
 before it fails saying save() is collective: a save under ``if rank == 0`` would hang."""
+
+ENV_EXCLUDE = "HVDKIT_ENV_EXCLUDE"
+"""Names (comma- or space-separated) ``hvdkit run`` keeps from the ranks under Gloo; every
+other exportable variable of the launching shell reaches each rank on its stdin
+(:mod:`hvdkit.launch.private_env`)."""

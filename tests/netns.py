@@ -172,10 +172,15 @@ class TwoHosts:
             timeout=timeout, env=self._env(), stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
-    def start_in_launcher(self, argv: list[str]) -> subprocess.Popen:
+    def start_in_launcher(
+        self, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """``argv`` in the launcher's namespace; ``env`` added to its environment (not to its
+        command line)."""
         return subprocess.Popen(
             ["ip", "netns", "exec", self.launcher, *argv], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env=self._env(), stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, env={**self._env(), **(env or {})},
+            stdin=subprocess.DEVNULL,
             preexec_fn=interruptible,
         )  # fmt: skip
 

@@ -147,7 +147,7 @@ def test_a_network_interface_with_shell_characters_is_refused(value):
 
     from hvdkit.commands.options import interface_names
 
-    with pytest.raises(argparse.ArgumentTypeError, match="is not an interface name"):
+    with pytest.raises(argparse.ArgumentTypeError, match="not interface names. Fix"):
         interface_names(value)
     assert interface_names("eth0,ib0") == "eth0,ib0" and interface_names("enp0s3.100")
 
@@ -268,3 +268,11 @@ def test_relay_finds_the_guards_below_horovodrun():
     parents = {10: 1, 11: 10, 12: 11, 13: 10, 20: 1, 21: 20}
     assert descendants(parents, 10) == {11, 12, 13}
     assert descendants(parents, 12) == set()
+
+
+def test_a_slurm_node_list_name_is_checked_as_every_host_name_is():
+    """Slurm's own grammar allows more than a shell-safe name (a leading '-', non-ASCII word
+    characters); each expanded name goes through the one check."""
+    for nodelist in ("-oProxyCommand[1-2]", "nœud[1-2]"):
+        with pytest.raises(AllocationError, match="SLURM_JOB_NODELIST: bad host name"):
+            detect({"SLURM_JOB_NODELIST": nodelist})

@@ -195,3 +195,36 @@ def test_an_elastic_restore_keeps_the_param_groups_a_scheduler_drives():
     assert wrapped.param_groups[0]["lr"] == 0.1 and not wrapped.state  # the commit's
     scheduler.step()
     assert wrapped.param_groups[0]["lr"] == 0.05  # the scheduler still drives it
+
+
+def test_every_discovery_output_is_checked_by_hvdkit_in_horovods_driver(tmp_path, capsys):
+    """horovodrun runs the discovery script every second and splits its output itself; in
+    hvdkit's horovodrun each output goes through hvdkit's parser (Horovod's own class, a real
+    script): a bad name later in the job is refused with the line, said once, and the driver's
+    retry rule applies (a raise keeps the hosts it had)."""
+    pytest.importorskip("horovod.runner")
+    from horovod.runner.elastic.discovery import HostDiscoveryScript
+
+    from hvdkit.launch import elastic_report
+
+    output = tmp_path / "hosts"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {output}\n")
+    script.chmod(0o755)
+    original = HostDiscoveryScript.find_available_hosts_and_slots
+    try:
+        elastic_report.check_discovery(elastic_report.Report())
+        discovery = HostDiscoveryScript(str(script), 2)
+        output.write_text("node1:4\nnode2\n\n")
+        assert discovery.find_available_hosts_and_slots() == {"node1": 4, "node2": 2}
+        output.write_text("node1:4\n$(touch /tmp/x):1\n")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match=r"output line 2: bad host name '\$\(touch"):
+                discovery.find_available_hosts_and_slots()
+        said = capsys.readouterr().err
+        assert said.count("bad host name") == 1 and "hosts kept as they were" in said
+        output.write_text("node1:x\n")  # Horovod's own parser: a ValueError traceback
+        with pytest.raises(RuntimeError, match="slots must be a whole number"):
+            discovery.find_available_hosts_and_slots()
+    finally:
+        HostDiscoveryScript.find_available_hosts_and_slots = original

@@ -80,3 +80,14 @@ def test_without_the_engine_installed_the_error_names_the_extra():
     assert out.returncode == 0, out.stderr
     assert "pip install 'hvdkit[ray]'" in out.stdout
     assert "pip install 'hvdkit[spark]'" in out.stdout
+
+
+def test_the_host_names_an_engine_hands_over_are_checked():
+    """Ray and Spark report each worker's host; the names are checked as every host name is
+    (hvdkit.launch.names), naming the engine and the worker."""
+    from hvdkit.engines import world
+    from hvdkit.launch.names import BadInputError
+
+    assert [s.host for s in world.plan(["10.0.0.1", "node-2"], "Ray")] == ["10.0.0.1", "node-2"]
+    with pytest.raises(BadInputError, match=r"^Spark's worker 1: bad host name 'a;id'"):
+        world.plan(["ok", "a;id"], "Spark")

@@ -3,9 +3,11 @@ machine, each with its own sshd (see tests/netns.py). Needs root; in CI it must 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -160,3 +162,75 @@ def test_a_schedulers_host_file_gives_the_hosts(two_hosts, scheduler):
     r = results(out)
     assert [r[0]["netns"], r[1]["netns"]] == [two_hosts.netns_id(ns) for ns in two_hosts.hosts]
     assert r[0]["sum"] == r[1]["sum"] == 3.0
+
+
+CANARY = "hvdkit-canary-5e1f"
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["static", "elastic"])
+def test_no_environment_value_on_any_command_line_or_log(two_hosts, elastic, capsys):
+    """A canary in the launching shell (and one named by --env) reaches both ranks, each on
+    its own host over ssh, under Gloo, static and elastic; while they run, `ps` on each host
+    (and on the launcher's) never shows it, and neither do --verbose's output, the console or
+    the per-rank logs (horovodrun alone puts every value on the ranks' command lines)."""
+    hostfile = str(two_hosts.hostfile())
+    logs = two_hosts.tmp / f"logs-{'elastic' if elastic else 'static'}"
+    argv = [HVDKIT, "run", "--hostfile", hostfile, "--gloo", "--verbose", "--output-dir",
+            str(logs), "--network-interface", "hvd0"]  # fmt: skip
+    if elastic:
+        argv += ["--min-np", "2", "--max-np", "2"]
+    # `--env NAME` forwards the shell's value (`--env NAME=VALUE` would put it on hvdkit's own
+    # command line, the user's choice).
+    argv += ["--env", "HVDKIT_TEST_SECOND", "--", sys.executable,
+             str(WORKERS / "launch_worker.py"), "slow"]  # fmt: skip
+    job = two_hosts.start_in_launcher(
+        argv, env={"HVDKIT_TEST_VALUE": CANARY, "HVDKIT_TEST_SECOND": f"{CANARY}-by-flag"}
+    )
+    seen_ranks, samples = 0, 0
+    try:
+        while job.poll() is None:
+            for ns in ["", two_hosts.launcher, *two_hosts.hosts]:
+                prefix = ["ip", "netns", "exec", ns] if ns else []
+                table = subprocess.run(
+                    [*prefix, "ps", "-eww", "-o", "args"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout
+                samples += 1
+                assert CANARY not in table, [line for line in table.splitlines()
+                                             if CANARY in line]  # fmt: skip
+                ranks = [
+                    line
+                    for line in table.splitlines()
+                    if "launch_worker.py slow" in line and "hvdkit" not in line
+                ]
+                seen_ranks = max(seen_ranks, len(ranks))
+            time.sleep(0.2)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    out = subprocess.CompletedProcess(argv, job.returncode, stdout, stderr)
+    assert job.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    r = results(out)
+    assert [r[0]["netns"], r[1]["netns"]] == [two_hosts.netns_id(ns) for ns in two_hosts.hosts]
+    digest = {v: hashlib.sha256(v.encode()).hexdigest() for v in (CANARY, f"{CANARY}-by-flag")}
+    assert [r[k]["forwarded"] for k in (0, 1)] == [digest[CANARY]] * 2
+    assert [r[k]["second"] for k in (0, 1)] == [digest[f"{CANARY}-by-flag"]] * 2
+    assert r[0]["sum"] == r[1]["sum"] == 3.0
+    # The two ranks were seen running (their python, started by sshd's shells) while sampled.
+    assert seen_ranks >= 2, seen_ranks
+    # --verbose printed the rank commands and the names forwarded, never a value.
+    assert "hvdkit-env env HOROVOD_HOSTNAME=" in stdout + stderr
+    assert " HVDKIT_TEST_VALUE " in stdout + stderr
+    logged = [p for p in logs.rglob("*") if p.is_file()]
+    assert logged, "no per-rank logs written"
+    texts = [stdout, stderr, *(p.read_text(errors="replace") for p in logged)]
+    assert not [t for t in texts if CANARY in t], "the canary is in a log"
+    with capsys.disabled():
+        print(
+            f"\n[private env, {'elastic' if elastic else 'static'}] the canary reached both "
+            f"ranks over ssh; {samples} ps tables (launcher, both hosts, this machine) and "
+            f"{len(logged) + 2} logs without it"
+        )

@@ -9,7 +9,14 @@ from conftest import ROOT
 
 from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile_text, parse_hosts_arg
 from hvdkit.launch.output import RankOutput, failure_message
-from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe, forwarded_env
+from hvdkit.launch.plan import (
+    HIDDEN,
+    LaunchConfig,
+    LaunchError,
+    build_plan,
+    describe,
+    forwarded_env,
+)
 
 CLUSTER = """
 # four nodes, four GPUs each
@@ -133,9 +140,13 @@ def test_dry_run_shows_rank_map_and_environment():
     text = describe(p)
     assert "horovodrun -np 2 -H a:1,b:1 --gloo python t.py" in text
     assert "rank 1: host b local_rank 0/1 cross_rank 1" in text
-    assert "HVDKIT_X=1" in text and "HOROVOD_RANK=1" in text
+    # --env's values are the user's (tokens, keys): names only, in the text and the JSON.
+    assert "\n  HVDKIT_X\n" in text and "=1\n" not in text.split("HVDKIT_X")[1][:3]
+    assert "HOROVOD_RANK=1" in text and "HVDKIT_X=1" not in text
     data = p.to_dict()
     assert data["ranks"][1]["env"]["HOROVOD_HOSTNAME"] == "b" and data["np"] == 2
+    assert data["env"] == {"HVDKIT_X": HIDDEN} and data["ranks"][0]["env"]["HVDKIT_X"] == HIDDEN
+    assert p.env == {"HVDKIT_X": "1"}  # what the ranks do receive
 
 
 def test_mpi_jobs_yield_when_idle_unless_the_user_says_otherwise():

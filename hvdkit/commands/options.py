@@ -4,13 +4,14 @@ type and metavar live here; each subcommand gives the help that fits it."""
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
+
+from hvdkit.launch.names import BadInputError, check_interfaces, check_port
 
 
 def add_ssh_options(parser: argparse.ArgumentParser) -> None:
     """``--ssh-port`` and ``--ssh-identity-file`` (``hvdkit run``, ``hvdkit doctor``)."""
-    parser.add_argument("--ssh-port", type=int, metavar="PORT", help="sshd port on the hosts")
+    parser.add_argument("--ssh-port", type=port, metavar="PORT", help="sshd port on the hosts")
     parser.add_argument("--ssh-identity-file", metavar="FILE", help="private key for ssh")
 
 
@@ -20,15 +21,20 @@ def add_hostfile(parser: Any, help: str) -> None:  # noqa: A002 - argparse's own
 
 
 def interface_names(value: str) -> str:
-    """``--network-interface``'s value: interface names, comma-separated (it reaches
-    horovodrun's shell strings, so nothing but letters, digits, ``.``, ``_``, ``-``, ``:``)."""
-    names = value.split(",")
-    if not all(re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", name) for name in names):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not an interface name: use names such as eth0 or ib0, "
-            "comma-separated for several (see `ip -brief address`)"
-        )
-    return value
+    """``--network-interface``'s value, checked by :func:`hvdkit.launch.names.check_interfaces`
+    (it reaches horovodrun's shell strings)."""
+    try:
+        return check_interfaces(value)
+    except BadInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--network-interface ")) from None
+
+
+def port(value: str) -> int:
+    """A port flag's value (``--ssh-port``), checked by :func:`hvdkit.launch.names.check_port`."""
+    try:
+        return check_port(value, "")
+    except BadInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
 
 
 def add_network_interface(parser: argparse.ArgumentParser, help: str) -> None:  # noqa: A002

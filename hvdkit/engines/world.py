@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hvdkit.launch.names import check_host
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -44,10 +46,13 @@ class Slot:
         return env
 
 
-def plan(hosts: list[str]) -> list[Slot]:
-    """The slots of workers ``0..n-1``, worker ``i`` being on ``hosts[i]``."""
+def plan(hosts: list[str], engine: str = "the engine") -> list[Slot]:
+    """The slots of workers ``0..n-1``, worker ``i`` being on ``hosts[i]`` (as ``engine``
+    reported it: each name is checked as every host name is, :mod:`hvdkit.launch.names`)."""
     if not hosts:
         raise ValueError("no workers to place")
+    for worker, host in enumerate(hosts):
+        check_host(host, f"{engine}'s worker {worker}")
     per_host: dict[str, list[int]] = {}
     for worker, host in enumerate(hosts):
         per_host.setdefault(host, []).append(worker)

@@ -81,7 +81,7 @@ def expand_nodelist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str
             else:
                 choices.append([part])
         names += ["".join(combo) for combo in itertools.product(*choices)]
-    return names
+    return [_host_name(name, variable, text) for name in names]
 
 
 def _split_top(text: str, variable: str) -> list[str]:

@@ -254,3 +254,30 @@ def watch_stalls(report: Report, registry: Any, driver: Any) -> None:
 
     driver._start_worker_process = start_worker_process
     registry._record_state = record_state
+
+
+def check_discovery(report: Report) -> None:
+    """Read each output of the discovery script with hvdkit's parser, which checks every host
+    name (:mod:`hvdkit.launch.names`) and line: horovodrun splits the lines itself and hands the
+    names, unchecked, to its ssh commands. Output with a bad line is refused as a whole, as a
+    failing script is (the driver keeps the hosts it had and runs the script again), and said
+    once per distinct error."""
+    from horovod.runner.elastic.discovery import HostDiscoveryScript
+
+    from hvdkit.launch.elastic import ElasticError, parse_discovery_output
+
+    said: set[str] = set()
+
+    def find_available_hosts_and_slots(self: Any) -> dict[str, int]:
+        text = self._execute_discovery_script()
+        source = f"--host-discovery-script {self._discovery_script}"
+        try:
+            hosts = parse_discovery_output(text, source, self._default_slots)
+        except ElasticError as exc:
+            if str(exc) not in said:
+                said.add(str(exc))
+                report.say(f"{exc}; this output is ignored (hosts kept as they were)")
+            raise RuntimeError(str(exc)) from None
+        return {host.name: host.slots for host in hosts}
+
+    HostDiscoveryScript.find_available_hosts_and_slots = find_available_hosts_and_slots

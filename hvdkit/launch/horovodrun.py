@@ -59,6 +59,9 @@ def main() -> int:
     sys.argv[0] = "horovodrun"
     os.execve = _run_instead_of_exec  # type: ignore[assignment]  # narrower, for horovodrun only
     _answer_build_checks_from_the_record()
+    from hvdkit.launch import private_env
+
+    private_env.install()
     report = None
     if any(arg in sys.argv for arg in ("--min-np", "--min-num-proc", "--host-discovery-script")):
         from hvdkit.launch import elastic_report
@@ -66,6 +69,7 @@ def main() -> int:
         report = elastic_report.Report()
         report.stall_timeout = float(os.environ.get(envvars.ELASTIC_STALL_TIMEOUT, "30"))
         elastic_report.install(report)
+        elastic_report.check_discovery(report)
     code = 0
     try:
         from horovod.runner.launch import run_commandline

@@ -15,16 +15,16 @@ Every mistake is reported as ``file:line``, the offending text and the form expe
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvdkit.launch.names import BadInputError, check_host
+
 EXPECTED = "HOST slots=N [max_slots=M], HOST:N or HOST (one host per line)"
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
-class HostfileError(ValueError):
+class HostfileError(BadInputError):
     """A hostfile or ``-H`` entry that cannot be used; the message says where and why."""
 
 
@@ -47,20 +47,12 @@ def _where(source: str, lineno: int | None) -> str:
 
 
 def check_name(name: str, where: str, text: str) -> str:
-    """``name`` if it is a host name or address (letters, digits, '.', '-', '_'; or an IPv6
-    literal): what reaches horovodrun's ssh and shell strings. HostfileError saying ``where``
-    it came from otherwise."""
-    if _NAME.match(name):
-        return name
+    """``name`` if :func:`hvdkit.launch.names.check_host` accepts it; HostfileError saying
+    ``where`` it came from otherwise."""
     try:
-        if isinstance(ipaddress.ip_address(name), ipaddress.IPv6Address):
-            return name
-    except ValueError:
-        pass
-    raise HostfileError(
-        f"{where}: bad host name {name!r} in {text!r}: a host is a name or address made of "
-        "letters, digits, '.', '-' and '_' (or an IPv6 literal)"
-    )
+        return check_host(name, where, text)
+    except BadInputError as exc:
+        raise HostfileError(str(exc)) from None
 
 
 def _count(value: str, key: str, where: str, text: str) -> int:

@@ -27,6 +27,9 @@ CONTROLLERS = ("gloo", "mpi")
 MPI_DEFAULT_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
+HIDDEN = "(value not shown)"
+
+
 class LaunchError(ValueError):
     """Options that cannot make a job; the message names the flag and the fix."""
 
@@ -66,6 +69,11 @@ class LaunchPlan:
     ranks: list[RankSlot]
     env: dict[str, str] = field(default_factory=dict)  # set or forwarded by hvdkit
     elastic: list[str] = field(default_factory=list)  # the elastic settings, described
+    user_env: frozenset[str] = frozenset()  # names from --env: their values are never shown
+
+    def shown_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` as ``--dry-run`` and ``--verbose`` show it: --env's values hidden."""
+        return {k: HIDDEN if k in self.user_env else v for k, v in env.items()}
 
     def host_of(self, rank: int) -> str:
         return self.ranks[rank].host if 0 <= rank < len(self.ranks) else "?"
@@ -97,8 +105,10 @@ class LaunchPlan:
             "argv": self.argv,
             "controller": self.controller,
             "np": len(self.ranks),
-            "ranks": [{**asdict(slot), "env": self.rank_env(slot)} for slot in self.ranks],
-            "env": self.env,
+            "ranks": [
+                {**asdict(slot), "env": self.shown_env(self.rank_env(slot))} for slot in self.ranks
+            ],
+            "env": self.shown_env(self.env),
             "elastic": self.elastic or None,
         }
 
@@ -234,12 +244,13 @@ def build_plan(
     argv += list(config.command)
     environ = dict(os.environ if environ is None else environ)
     env = forwarded_env(config.env, environ)
+    user = frozenset(env)
     if controller == "mpi":
         env = {k: v for k, v in MPI_DEFAULT_ENV.items() if k not in environ} | env
     if elastic is not None:
         env |= elastic.env()
     described = [] if elastic is None else describe_elastic(elastic, hosts, len(ranks))
-    return LaunchPlan(argv, controller, ranks, env, described)
+    return LaunchPlan(argv, controller, ranks, env, described, user)
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -254,9 +265,12 @@ def describe(plan: LaunchPlan) -> str:
             f"{slot.local_size} cross_rank {slot.cross_rank}"
         )
     lines += plan.elastic
-    lines.append("environment (besides this shell's, which horovodrun forwards to every rank):")
-    for name, value in plan.env.items():
-        lines.append(f"  {name}={value}")
+    lines.append(
+        "environment (besides this shell's, which every rank receives; values set by --env "
+        "are not shown):"
+    )
+    for name, value in plan.shown_env(plan.env).items():
+        lines.append(f"  {name}" if value == HIDDEN else f"  {name}={value}")
     for slot in plan.ranks:
         own = {k: v for k, v in plan.rank_env(slot).items() if k not in plan.env}
         lines.append(f"  rank {slot.rank}: " + " ".join(f"{k}={v}" for k, v in own.items()))
