@@ -19,10 +19,12 @@ HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 WORKER = str(WORKERS / "launch_worker.py")
 
 
-def hvdkit(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def hvdkit(
+    *args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [HVDKIT, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
     )  # fmt: skip
 
 
@@ -31,6 +33,7 @@ def test_run_from_the_localhost_hostfile(controller):
     out = hvdkit(
         "run", "-np", "2", "--hostfile", "hostfiles/localhost", f"--{controller}",
         "--env", "HVDKIT_TEST_VALUE=42", "--", sys.executable, WORKER,
+        env={"HVDKIT_TEST_EXCLUDED": "x", "HVDKIT_ENV_EXCLUDE": "OTHER,HVDKIT_TEST_EXCLUDED"},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     r = results(out)
@@ -40,6 +43,7 @@ def test_run_from_the_localhost_hostfile(controller):
         assert r[rank]["local_rank"] == rank == r[rank]["env_rank"]
         assert r[rank]["forwarded"] == "42"
         assert r[rank]["mpi_yield"] == ("1" if controller == "mpi" else None)
+        assert r[rank]["excluded"] is None  # HVDKIT_ENV_EXCLUDE, under either controller
 
 
 def test_a_failing_rank_fails_the_job_and_is_named():

@@ -184,8 +184,10 @@ def test_no_environment_value_on_any_command_line_or_log(two_hosts, elastic, cap
     argv += ["--env", "HVDKIT_TEST_SECOND", "--", sys.executable,
              str(WORKERS / "launch_worker.py"), "slow"]  # fmt: skip
     job = two_hosts.start_in_launcher(
-        argv, env={"HVDKIT_TEST_VALUE": CANARY, "HVDKIT_TEST_SECOND": f"{CANARY}-by-flag"}
-    )
+        argv,
+        env={"HVDKIT_TEST_VALUE": CANARY, "HVDKIT_TEST_SECOND": f"{CANARY}-by-flag",
+             "HVDKIT_TEST_EXCLUDED": "left out", "HVDKIT_ENV_EXCLUDE": "HVDKIT_TEST_EXCLUDED"},
+    )  # fmt: skip
     seen_ranks, samples = 0, 0
     try:
         while job.poll() is None:
@@ -219,6 +221,7 @@ def test_no_environment_value_on_any_command_line_or_log(two_hosts, elastic, cap
     assert [r[k]["forwarded"] for k in (0, 1)] == [digest[CANARY]] * 2
     assert [r[k]["second"] for k in (0, 1)] == [digest[f"{CANARY}-by-flag"]] * 2
     assert r[0]["sum"] == r[1]["sum"] == 3.0
+    assert r[0]["excluded"] is None and r[1]["excluded"] is None  # HVDKIT_ENV_EXCLUDE
     # The two ranks were seen running (their python, started by sshd's shells) while sampled.
     assert seen_ranks >= 2, seen_ranks
     # --verbose printed the rank commands and the names forwarded, never a value.

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from hvdkit import preempt
 from hvdkit.build.config import CONTROLLERS, Controller
-from hvdkit.launch import preemption
+from hvdkit.launch import preemption, private_env
 from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.elastic_report import SUMMARY
 from hvdkit.launch.horovodrun import END
@@ -154,7 +154,10 @@ def execute(
     passed on to the ranks (:mod:`hvdkit.preempt`): if they checkpoint and stop, the status is
     ``hvdkit.preempt.EXIT_CODE`` and with ``requeue`` the Slurm job is requeued."""
     output = RankOutput()
-    env = {**os.environ, **plan.env}
+    # HVDKIT_ENV_EXCLUDE's names reach no rank, under MPI (which forwards horovodrun's whole
+    # environment) as under Gloo; --env's own names still do.
+    excluded = set(private_env.leave_out(os.environ))
+    env = {k: v for k, v in os.environ.items() if k not in excluded} | plan.env
     # Own session: a Ctrl-C reaches hvdkit only, which stops horovodrun in order (the ranks
     # are stopped by horovodrun and, on other hosts, by their guard).
     proc = subprocess.Popen(

@@ -51,6 +51,7 @@ print(
             "host": socket.gethostname(),
             "forwarded": shown(os.environ.get("HVDKIT_TEST_VALUE")),
             "second": shown(os.environ.get("HVDKIT_TEST_SECOND")),
+            "excluded": os.environ.get("HVDKIT_TEST_EXCLUDED"),
             "mpi_yield": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
         }
     ),
