@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT
 
 import engine_fns
+from test_engine_interpreter_units import python_without_hvdkit
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: make engines")
 from hvdkit.ray import RayExecutor, WorkerError  # noqa: E402
@@ -212,3 +213,43 @@ def test_two_ray_nodes_started_with_ray_start(tmp_path):
     print(f"\n[ray] two nodes (ray start): one rank each, weights equal; the example on them: "
           f"test accuracy {accuracies}")  # fmt: skip
     assert len(accuracies) == 2 and min(accuracies) > 0.90
+
+
+RAY_DRIVER = """
+import sys
+import ray
+from hvdkit.ray import RayExecutor
+
+ray.init(address="local", num_cpus=2, include_dashboard=False,
+         object_store_memory=150 * 2**20, runtime_env={"py_executable": sys.argv[1]})
+settings = RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=60)
+RayExecutor(settings, num_workers=2).start()
+"""
+
+
+def test_workers_whose_python_lacks_hvdkit_are_named_in_one_line(tmp_path):
+    """runtime_env's py_executable (as a cluster started with another Python) has Ray but
+    not hvdkit: start() says so in one line with the fix, before any actor dies of
+    ModuleNotFoundError."""
+    base, env = python_without_hvdkit(tmp_path)
+    wrapper = tmp_path / "python-without-hvdkit"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={env["PYTHONPATH"]} exec {base} "$@"\n')
+    wrapper.chmod(0o755)
+    (tmp_path / "driver.py").write_text(RAY_DRIVER)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "driver.py", str(wrapper)], cwd=tmp_path,
+                         env={**env, **QUIET}, capture_output=True, text=True,
+                         timeout=180)  # fmt: skip
+    took = time.monotonic() - started
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"RuntimeError: RayExecutor: the Ray workers' Python ({base} on host "
+        f"{socket.gethostname()}) cannot import hvdkit. Fix: start the Ray nodes with a Python "
+        "that has hvdkit, or point the job's runtime_env at one, e.g. ray.init(runtime_env="
+        f"{{'py_executable': '{sys.executable}'}}) where that path exists on every node"
+    ), out.stderr[-3000:]
+    assert out.stderr.count("Traceback (most recent call last)") == 1, out.stderr[-3000:]
+    for trace in ("No module named", "ActorDiedError", "TemporaryActor"):
+        assert trace not in out.stderr + out.stdout, out.stderr[-3000:]
+    print(f"\n[ray] workers' Python without hvdkit: one line, in {took:.1f} s with Ray's start")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 from conftest import ROOT
 
 import engine_fns
+from test_engine_interpreter_units import python_without_hvdkit
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed: make engines")
 from netns import ensure_tools  # noqa: E402
@@ -95,6 +97,83 @@ def test_a_failing_rank_and_bad_input_end_the_call_at_once(local_spark):
     again = hvdkit.spark.run(engine_fns.torch_one_step, num_proc=2)
     assert [r["rank"] for r in again] == [0, 1]
     print(f"[spark] a failing rank ended the call in {failed_in:.1f} s, with its traceback")
+
+
+DRIVER_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import engine_fns
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+import hvdkit.spark
+
+cloudpickle.register_pickle_by_value(engine_fns)
+
+
+def where():
+    import sys
+    return sys.executable
+
+
+def session():
+    return (SparkSession.builder.master("local[2]")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
+            .getOrCreate())
+
+
+spark = session()
+trained = hvdkit.spark.run(engine_fns.torch_train, num_proc=2)
+pythons = hvdkit.spark.run(where, num_proc=2)
+print(json.dumps({{"trained": trained, "pythons": pythons}}), flush=True)
+spark.stop()
+os.environ["PYSPARK_PYTHON"] = sys.argv[1]  # as on a cluster whose Python lacks hvdkit
+spark = session()
+hvdkit.spark.run(where, num_proc=2)
+"""
+
+
+def test_a_local_master_runs_the_drivers_python_and_one_without_hvdkit_is_named(tmp_path):
+    """As many users run it: the venv's Python by its path, no venv activated, so ``python3``
+    on PATH lacks hvdkit (here the venv's base Python) and PYSPARK_PYTHON is unset: the
+    ranks run the driver's Python and train. Then PYSPARK_PYTHON names a Python without
+    hvdkit: the user sees hvdkit's one line with the fix, not Spark's Java trace."""
+    reason = ensure_tools(JAVA)
+    if reason:
+        pytest.fail(reason) if os.environ.get("CI") == "true" else pytest.skip(reason)
+    base, _ = python_without_hvdkit(tmp_path)
+    (tmp_path / "bin").mkdir()
+    for name in ("python3", "python"):
+        (tmp_path / "bin" / name).symlink_to(base)
+    (tmp_path / "train.py").write_text(DRIVER_SCRIPT.format(tests=str(ROOT / "tests")))
+    drop = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PATH=f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}", SPARK_LOCAL_IP="127.0.0.1")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "train.py", base], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=240)  # fmt: skip
+    took = time.monotonic() - started
+    assert out.stdout.strip(), out.stderr[-3000:]
+    ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [r["rank"] for r in ran["trained"]] == [0, 1]
+    assert ran["trained"][0]["params"] == ran["trained"][1]["params"]
+    assert ran["trained"][0]["steps"] > 0
+    assert ran["pythons"] == [sys.executable, sys.executable]
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"RuntimeError: hvdkit.spark.run: the Spark executors' Python ({base} on host "
+        f"{socket.gethostname()}) cannot import hvdkit. Fix: set PYSPARK_PYTHON (or "
+        f"spark.pyspark.python) to a Python that has hvdkit, e.g. PYSPARK_PYTHON={sys.executable}"
+    ), out.stderr[-3000:]
+    assert out.stderr.count("Traceback (most recent call last)") == 1, out.stderr[-3000:]
+    for trace in ("Py4JJavaError", "No module named", "Exception in task", "SparkException"):
+        assert trace not in out.stderr, out.stderr[-3000:]
+    assert not re.search(r"^\s+at [\w$.]+\(", out.stderr, re.M), out.stderr[-3000:]
+    print(f"\n[spark] python3 on PATH without hvdkit: the ranks ran the driver's Python; "
+          f"PYSPARK_PYTHON without hvdkit: one line ({took:.1f} s, two sessions)")
 
 
 def free_port() -> int:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hvdkit.engines import world
+from hvdkit.engines import interpreter, world
 from hvdkit.engines.checks import answers, pickled, require
 from hvdkit.engines.rendezvous import Rendezvous, iface_holding
 
@@ -263,6 +264,45 @@ class RayExecutor:
             ) from None
         return slots
 
+    def _check_worker_python(self, ray: Any, slots: list[tuple[Any, int]]) -> None:
+        """Runs :func:`hvdkit.engines.interpreter.probe` in each bundle of the placement group
+        (no resources of its own): a node whose Python (the cluster's, or ``runtime_env``'s)
+        cannot import hvdkit is said in one line with the fix, rather than as each actor dying
+        with ModuleNotFoundError."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        probe = ray.remote(interpreter.probe)
+        refs = [
+            probe.options(num_cpus=0, max_retries=0, scheduling_strategy=(
+                PlacementGroupSchedulingStrategy(placement_group=group,
+                                                 placement_group_bundle_index=index))).remote()
+            for group, index in {index: (group, index) for group, index in slots}.values()
+        ]  # fmt: skip
+        timeout = self.settings.placement_group_timeout_s
+        try:
+            reports = [row for rows in ray.get(refs, timeout=timeout) for row in rows]
+        except ray.exceptions.GetTimeoutError:
+            self._release(ray)
+            raise TimeoutError(
+                f"RayExecutor: the Ray workers' Python did not start within "
+                f"placement_group_timeout_s={timeout}. Fix: check the nodes' Python and the "
+                "job's runtime_env (ray.init(runtime_env=...)), or a larger "
+                "placement_group_timeout_s"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            self._release(ray)
+            raise RuntimeError(
+                f"RayExecutor: the Ray workers could not run Python: "
+                f"{interpreter.reason(str(exc))}. Fix: {interpreter.ray_fix(sys.executable)}"
+            ) from None
+        pythons = interpreter.lacking(reports)
+        if pythons:
+            self._release(ray)
+            raise RuntimeError(
+                interpreter.lacking_message("RayExecutor", "Ray workers", pythons,
+                                            interpreter.ray_fix(sys.executable))
+            )  # fmt: skip
+
     def start(
         self,
         executable_cls: type | None = None,
@@ -279,6 +319,7 @@ class RayExecutor:
         self._release(ray)  # a second start() replaces the workers of the first
         self._check_resources(ray)
         slots = self._place(ray)
+        self._check_worker_python(ray, slots)
         actor = ray.remote(BaseHorovodWorker)
         self.workers = [
             actor.options(
@@ -296,7 +337,7 @@ class RayExecutor:
                 ifaces: list[str | None] = [sorted(self.settings.nics)[0]] * len(nodes)
             else:
                 ifaces = self._gather([w.iface.remote() for w in self.workers])
-            plan = world.plan(nodes)
+            plan = world.plan(nodes, "Ray")
             self._rendezvous = Rendezvous(plan)
             address = ray.util.get_node_ip_address()
             timeout = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.settings.timeout_s)}

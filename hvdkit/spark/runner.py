@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hvdkit.engines import world
+from hvdkit.engines import interpreter, world
 from hvdkit.engines.checks import answers, pickled, require
 from hvdkit.engines.rendezvous import Rendezvous, iface_holding, put
 
@@ -62,6 +62,60 @@ def _check_cluster(sc: Any, num_proc: int) -> None:
             )
 
 
+def _set_worker_python(sc: Any) -> None:
+    """A local master's workers run the driver's Python unless the user chose one
+    (:func:`hvdkit.engines.interpreter.spark_worker_python`). pyspark reads ``sc.pythonExec``
+    each time it sends a function (``rdd._wrap_function``, pyspark 4.3), so this also holds
+    for a context created before."""
+    conf = dict(sc.getConf().getAll())
+    chosen = interpreter.spark_worker_python(sc.master, os.environ, conf, sys.executable)
+    if chosen:
+        sc.pythonExec = chosen
+
+
+def _check_worker_python(sc: Any, num_proc: int, timeout: float) -> None:
+    """Runs :func:`hvdkit.engines.interpreter.probe` on ``num_proc`` executor slots (a
+    barrier stage, as the job's own): an executor whose Python cannot import hvdkit is said
+    in one line with the fix, not as a ModuleNotFoundError inside Spark's Java trace."""
+    group = f"hvdkit.spark.probe.{os.getpid()}.{next(_jobs)}"
+    outcome: dict[str, Any] = {}
+
+    def collect() -> None:
+        sc.setJobGroup(group, "hvdkit.spark.run: the executors' Python", interruptOnCancel=True)
+        rdd = sc.parallelize(range(num_proc), num_proc).barrier()
+        try:
+            outcome["reports"] = rdd.mapPartitions(interpreter.probe).collect()
+        except Exception as exc:  # noqa: BLE001  (reported below, shortened)
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=collect, name=group, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        sc.cancelJobGroup(group)
+        thread.join(30)
+        raise TimeoutError(
+            f"hvdkit.spark.run: {num_proc} tasks did not start within start_timeout="
+            f"{timeout:g} s. Fix: free executors' cores for {num_proc} tasks at once, or a "
+            "larger start_timeout"
+        )
+    if "error" in outcome:
+        raise RuntimeError(
+            f"hvdkit.spark.run: the Spark executors could not run Python "
+            f"({interpreter.SPARK_PYTHON_VAR}={sc.pythonExec}): "
+            f"{interpreter.reason(str(outcome['error']))}. Fix: set "
+            f"{interpreter.SPARK_PYTHON_VAR} (or {interpreter.SPARK_PYTHON_CONF}) to a Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} that has hvdkit on every "
+            "executor"
+        ) from None
+    pythons = interpreter.lacking(outcome["reports"])
+    if pythons:
+        raise RuntimeError(
+            interpreter.lacking_message("hvdkit.spark.run", "Spark executors", pythons,
+                                        interpreter.spark_fix(sys.executable))
+        )  # fmt: skip
+
+
 def _shutdown_horovod() -> None:
     """Python workers are reused for later tasks: leave no Horovod initialised for them."""
     for name in ("horovod.torch", "horovod.tensorflow"):
@@ -81,7 +135,7 @@ def _task(payload: bytes, driver: str, port: int, scope: str, env: dict[str, str
         rank = ctx.partitionId()
         put(address, scope, f"started_{rank}", True)
         hosts = [info.address.rpartition(":")[0] for info in ctx.getTaskInfos()]
-        slot = world.plan(hosts)[rank]
+        slot = world.plan(hosts, "Spark")[rank]
         iface = nics[0] if nics else iface_holding(slot.host)
         os.environ.update({**slot.env(driver, port, iface), **env})
         fn, args, kwargs = cloudpickle.loads(payload)
@@ -128,6 +182,12 @@ def run(
     ``prefix_output_with_timestamp`` are accepted and unused). A rank whose ``fn`` raises
     cancels the job at once and :class:`TaskError` carries its traceback; Horovod leaves
     Spark to retry the stage. No ``pyarrow`` pin, and no Spark estimators.
+
+    The executors' Python: with a local master (``local[N]``, ``local-cluster[...]``) and
+    neither ``PYSPARK_PYTHON`` nor ``spark.pyspark.python`` set, the context's workers run
+    the driver's interpreter (``sys.executable``) rather than ``python3`` from ``PATH``. Before
+    the job, one task per rank checks that its Python can import hvdkit; one that cannot is
+    a RuntimeError naming that Python and its host, and the fix.
     """
     pyspark = _pyspark()
     from pyspark import cloudpickle
@@ -149,6 +209,8 @@ def run(
                       "hvdkit.spark.run")  # fmt: skip
     if start_timeout is None:
         start_timeout = float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT", "600"))
+    _set_worker_python(sc)
+    _check_worker_python(sc, num_proc, start_timeout)
     nic_list = sorted(nics) if nics else None
     driver = sc.getConf().get("spark.driver.host") or socket.gethostbyname(socket.gethostname())
     group = f"hvdkit.spark.run.{os.getpid()}.{next(_jobs)}"
