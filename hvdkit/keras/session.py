@@ -19,7 +19,7 @@ import keras
 from hvdkit import rank_zero
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.elastic import SessionElastic
-from hvdkit.keras import backend
+from hvdkit.keras import backend, inputs
 from hvdkit.keras import callbacks as cb
 from hvdkit.keras.adapter import KerasAdapter
 from hvdkit.keras.elastic import UpdateBatchStateCallback, drop_compiled, translate
@@ -79,23 +79,27 @@ class Session:
         drop_compiled(self.model)
 
     def fit(self, x: Any, y: Any = None, *, callbacks: Any = (), **kwargs: Any) -> Any:
-        """``model.fit`` on this rank's shard of ``x`` and ``y`` (whole arrays: the session
-        shards them, :func:`hvdkit.keras.shard`), with the session's callbacks before
+        """``model.fit`` on this rank's shard of ``x`` and ``y``: whole arrays, a
+        ``tf.data.Dataset``, a ``keras.utils.PyDataset`` (``workers``,
+        ``use_multiprocessing`` and ``max_queue_size`` may be given here, as to Keras 2's
+        ``fit``), a torch ``DataLoader`` or ``Dataset``, or a generator with
+        ``steps_per_epoch``; each rank takes the same number of steps
+        (:mod:`hvdkit.keras.inputs`). The session's callbacks come before
         ``callbacks``; it resumes from the session's epoch. In an elastic session a lost or
         added worker ends ``fit`` on every rank; the session recovers (last commit, new size,
         LR rescaled) and calls ``fit`` again on a new shard, the interrupted epoch cut to the
         batches it had left (Horovod's Keras rule: the count of batches is kept, not which
         samples they were). Returns the last ``fit``'s history."""
-        from hvdkit.keras import shard
-
         kwargs.setdefault("initial_epoch", self.epoch)
         while True:
-            arrays = shard(x) if y is None else shard(x, y)
-            xs, ys = (arrays, None) if y is None else arrays
+            mine = inputs.shard_input(x, y, kwargs, self.rank, self.size)
             extra = [] if self._elastic is None else [_ElasticProgress(self)]
             try:
                 return self.model.fit(
-                    xs, ys, callbacks=[*self.callbacks, *callbacks, *extra], **kwargs
+                    mine.x,
+                    mine.y,
+                    callbacks=[*mine.callbacks, *self.callbacks, *callbacks, *extra],
+                    **mine.kwargs,
                 )
             except Exception as error:
                 if self._elastic is None or not self._elastic.recover_from(error, translate):
