@@ -47,3 +47,7 @@ ENV_EXCLUDE = "HVDKIT_ENV_EXCLUDE"
 """Names (comma- or space-separated) ``hvdkit run`` keeps from the ranks under Gloo; every
 other exportable variable of the launching shell reaches each rank on its stdin
 (:mod:`hvdkit.launch.private_env`)."""
+
+PROFILE_DIR = "HVDKIT_PROFILE_DIR"
+"""Set by ``hvdkit run --profile DIR`` for every rank: each records where its steps' time goes
+and writes ``DIR/rank-N.json`` at exit (:mod:`hvdkit.profile`)."""

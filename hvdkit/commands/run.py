@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hvdkit import envvars
 from hvdkit.commands import options
 
 if TYPE_CHECKING:
@@ -121,6 +122,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="inside a Slurm job: when a SIGTERM/SIGUSR1 made the job checkpoint and stop, "
         "requeue it (scontrol requeue $SLURM_JOB_ID); the next run resumes",
+    )
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="hvdkit-profile",
+        metavar="DIR",
+        help="record where each rank's steps spend their time (data, compute, communication, "
+        "optimizer, other); at the end print a table per rank, the verdict and advice, and "
+        "write DIR/profile.json and DIR/profile.png (DIR: ./hvdkit-profile)",
     )
     parser.add_argument(
         "--dry-run",
@@ -252,7 +262,7 @@ def run_command(args: argparse.Namespace) -> int:
             controller=args.controller,
             network_interface=nic,
             start_timeout=args.start_timeout,
-            env=tuple(args.env),
+            env=(*args.env, *_profile_env(args.profile)),
             output_dir=args.output_dir,
             verbose=args.verbose,
             ssh_port=args.ssh_port,
@@ -271,9 +281,29 @@ def run_command(args: argparse.Namespace) -> int:
     problem = _gpu_problem(plan)
     if problem:
         return _fail(problem)
-    return runner.execute(
+    _clear_profile(args.profile)
+    code = runner.execute(
         plan, output_dir=args.output_dir, verbose=args.verbose, requeue=args.requeue
     )
+    if args.profile:
+        from hvdkit.profile import report
+
+        print(report.finish(Path(args.profile).resolve(), len(plan.ranks)), flush=True)
+    return code
+
+
+def _profile_env(directory: str | None) -> list[str]:
+    """``--profile DIR``: the variable that turns each rank's recorder on."""
+    return [f"{envvars.PROFILE_DIR}={Path(directory).resolve()}"] if directory else []
+
+
+def _clear_profile(directory: str | None) -> None:
+    """An earlier run's records in DIR would be read as this run's."""
+    if directory:
+        path = Path(directory).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        for old in path.glob("rank-*.json"):
+            old.unlink()
 
 
 def _gpu_problem(plan: LaunchPlan) -> str | None:

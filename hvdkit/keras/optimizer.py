@@ -55,7 +55,7 @@ from typing import Any
 import keras
 
 from hvdkit.core import ReduceOp
-from hvdkit.keras import backend
+from hvdkit.keras import backend, profiling
 
 WRAPPED = "_hvdkit_distributed"
 
@@ -110,18 +110,8 @@ def reduce_gradients(
     ``hvdkit.tensorflow.DistributedGradientTape``."""
     shared = [i for i in range(len(grads)) if i >= len(variables) or id(variables[i]) not in local]
     shared_vars = [variables[i] if i < len(variables) else None for i in shared]
-    reduced = backend.allreduce_list(
-        [grads[i] for i in shared],
-        op=options.op,
-        name=options.name,
-        fp16=options.fp16,
-        predivide=options.gradient_predivide_factor,
-        sparse_as_dense=options.sparse_as_dense,
-        process_set=options.process_set,
-        groups=_groups(options.groups, shared_vars),
-        device_dense=options.device_dense,
-        device_sparse=options.device_sparse,
-    )
+    with profiling.phase("communication"):
+        reduced = _allreduce_list(options, grads, shared, shared_vars)
     grads = list(grads)
     for i, grad in zip(shared, reduced, strict=True):
         grads[i] = grad
@@ -133,6 +123,23 @@ def reduce_gradients(
             for i, g in enumerate(grads)
         ]
     return grads
+
+
+def _allreduce_list(
+    options: Options, grads: list[Any], shared: list[int], shared_vars: list[Any]
+) -> list[Any]:
+    return backend.allreduce_list(
+        [grads[i] for i in shared],
+        op=options.op,
+        name=options.name,
+        fp16=options.fp16,
+        predivide=options.gradient_predivide_factor,
+        sparse_as_dense=options.sparse_as_dense,
+        process_set=options.process_set,
+        groups=_groups(options.groups, shared_vars),
+        device_dense=options.device_dense,
+        device_sparse=options.device_sparse,
+    )
 
 
 def _groups(groups: Any, variables: list[Any]) -> list[list[int]] | None:
@@ -161,10 +168,11 @@ def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
     if self.__dict__.pop("_hvdkit_reduced", False):
         # From compute_gradients/get_gradients: reduced already.
         return base.apply(self, grads, trainable_variables)
-    if self._hvdkit_options.backward_passes_per_step == 1:
-        grads = _reduce(self, grads, _variables(self, trainable_variables))
-    # else: reduced once per update, in _clip_gradients (Keras's update step).
-    return base.apply(self, grads, trainable_variables)
+    with profiling.update():
+        if self._hvdkit_options.backward_passes_per_step == 1:
+            grads = _reduce(self, grads, _variables(self, trainable_variables))
+        # else: reduced once per update, in _clip_gradients (Keras's update step).
+        return base.apply(self, grads, trainable_variables)
 
 
 def _backend_apply_gradients(self: Any, grads: Any, trainable_variables: Any) -> Any:

@@ -23,6 +23,8 @@ from hvdkit.keras import backend, inputs
 from hvdkit.keras import callbacks as cb
 from hvdkit.keras.adapter import KerasAdapter
 from hvdkit.keras.elastic import UpdateBatchStateCallback, drop_compiled, translate
+from hvdkit.keras.profiling import ProfileCallback
+from hvdkit.profile import recorder as profile_recorder
 
 
 class _ElasticProgress(UpdateBatchStateCallback):
@@ -171,4 +173,7 @@ def setup(
     callbacks += adapter.callbacks
     if config.checkpoint is not None:
         callbacks.append(cb.BackupAndRestore.for_adapter(adapter))
+    recorder = profile_recorder.get()
+    if recorder is not None:
+        callbacks.append(ProfileCallback(recorder))
     return Session(adapter, callbacks)

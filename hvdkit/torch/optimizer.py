@@ -10,6 +10,8 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdkit.profile import recorder as profile_recorder
+
 
 def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
     # Horovod 0.28.1's zero_grad(self) predates the set_to_none argument (TypeError when
@@ -89,7 +91,30 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     wrapped.zero_grad = types.MethodType(_zero_grad, wrapped)
     if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
         _tell_schedulers(optimizer, wrapped)
+    recorder = profile_recorder.get()
+    if recorder is not None:
+        _profile(wrapped, recorder)
     return wrapped
+
+
+def _profile(wrapped: Any, recorder: profile_recorder.Recorder) -> None:
+    """Under ``hvdkit run --profile``: the wait in ``synchronize`` is ``communication`` (also
+    when ``step`` calls it), the rest of ``step`` is ``optimizer``, and a step ends with
+    ``step``: what a Horovod script does, so its steps are profiled with no change."""
+    synchronize, step = wrapped.synchronize, wrapped.step
+
+    def timed_synchronize(*args: Any, **kwargs: Any) -> Any:
+        with recorder.phase("communication"):
+            return synchronize(*args, **kwargs)
+
+    def timed_step(*args: Any, **kwargs: Any) -> Any:
+        with recorder.phase("optimizer"):
+            result = step(*args, **kwargs)
+        recorder.step_done()
+        return result
+
+    wrapped.synchronize = timed_synchronize
+    wrapped.step = timed_step
 
 
 def _tell_schedulers(optimizer: torch.optim.Optimizer, wrapped: torch.optim.Optimizer) -> None:

@@ -15,6 +15,7 @@ from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.devices import cores_per_process
 from hvdkit.elastic import SessionElastic
 from hvdkit.position import Position, epoch_order, remaining
+from hvdkit.profile import recorder as profile_recorder
 from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import reduce_and_step, step_or_accumulate
 
@@ -326,21 +327,23 @@ class Session:
         """After every optimizer step."""
         self.position.micro_step = 0
         self._pending_step = None
-        if not self._synced_once:
-            self._synced_once = True
-            self.check_sync("after the first step")
-        self._stop_if_preempted()
-        if self._elastic is not None and self._elastic.step_done():
-            self._elastic.commit()
+        with profile_recorder.phase("other"):  # hvdkit's own per-step work
+            if not self._synced_once:
+                self._synced_once = True
+                self.check_sync("after the first step")
+            self._stop_if_preempted()
+            if self._elastic is not None and self._elastic.step_done():
+                self._elastic.commit()
         return cast(torch.Tensor | None, norm)
 
     def average(self, total: float, count: int | float, name: str = "metric") -> float:
         """The global mean of a metric from each rank's sum and sample count, so ranks with
         more samples weigh more: exact even when shards differ."""
         pair = torch.tensor([float(total), float(count)], dtype=torch.float64)
-        _, summed = self._collective(
-            lambda: hvd.allreduce(pair, op=hvd.Sum, name=f"hvdkit.avg.{name}"), again=True
-        )
+        with profile_recorder.phase("other"):
+            _, summed = self._collective(
+                lambda: hvd.allreduce(pair, op=hvd.Sum, name=f"hvdkit.avg.{name}"), again=True
+            )
         return (summed[0] / summed[1]).item() if summed[1] > 0 else float("nan")
 
     def save(self, *, end_of_epoch: bool = True, **extra: Any) -> Path | None:

@@ -1,0 +1,84 @@
+"""``hvdkit run --profile`` in Keras's ``fit`` (:mod:`hvdkit.profile`).
+
+Where the step runs eagerly (the torch backend, or ``run_eagerly=True``), the distributed
+optimizer's allreduce is ``communication`` and its update ``optimizer``, and a step ends with
+the update; :class:`ProfileCallback` (added by :func:`hvdkit.keras.setup`) makes the gap
+between batches ``data``, which is when the torch backend fetches the next one. A compiled
+TensorFlow step runs all of it inside one graph: there only the step's time is known, and the
+record says so (``compiled``) rather than calling all of it compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import keras
+
+from hvdkit.profile import recorder as profile_recorder
+
+
+def eager() -> bool:
+    """Whether the Python running now runs at each step (not once, while tracing a graph)."""
+    if keras.backend.backend() == "torch":
+        return True
+    import tensorflow as tf
+
+    return bool(tf.executing_eagerly())
+
+
+def phase(name: str) -> Any:
+    """A ``name`` phase under ``--profile`` in an eager step; nothing otherwise."""
+    recorder = profile_recorder.get()
+    return recorder.phase(name) if recorder is not None and eager() else nullcontext()
+
+
+@contextmanager
+def update() -> Iterator[None]:
+    """The optimizer's update: a step ends with it (eager steps under ``--profile``)."""
+    recorder = profile_recorder.get()
+    if recorder is None or not eager():
+        yield
+        return
+    with recorder.phase("optimizer"):
+        yield
+    recorder.step_done()
+
+
+class ProfileCallback(keras.callbacks.Callback):
+    """The gap between batches is ``data`` (eager steps); a compiled step ends at its
+    batch's end."""
+
+    def __init__(self, recorder: profile_recorder.Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self._waiting = False
+
+    def _eager_steps(self) -> bool:
+        return keras.backend.backend() == "torch" or bool(getattr(self.model, "run_eagerly", 0))
+
+    def _stop_waiting(self) -> None:
+        if self._waiting:
+            self.recorder.exit()
+            self._waiting = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.recorder.start()
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._stop_waiting()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self._eager_steps():
+            self.recorder.compiled = True
+            self.recorder.step_done()
+            return
+        self.recorder.enter("data")
+        self._waiting = True
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._stop_waiting()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._stop_waiting()

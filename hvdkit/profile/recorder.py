@@ -1,0 +1,150 @@
+"""A rank's record of its steps, phase by phase. Active only under ``hvdkit run --profile``
+(``HVDKIT_PROFILE_DIR`` set); otherwise :func:`get` is None and the hooks cost one test.
+
+Time is charged to the innermost open phase, with the monotonic clock, and whatever no phase
+holds between two step ends is ``compute``: a step is the time from the previous step's end
+to this one's, so the five phases add up to it exactly. No device is synchronised: on a GPU
+the host's clock sees an asynchronous backward pass only where it waits for it (in
+``communication``, which then holds that wait).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hvdkit import envvars
+
+PHASES = ("data", "compute", "communication", "optimizer", "other")
+_INDEX = {name: i for i, name in enumerate(PHASES)}
+
+
+class Recorder:
+    """The steps of one process: ``[seconds per phase in PHASES order]`` each."""
+
+    def __init__(self, clock: Any = time.perf_counter) -> None:
+        self.clock = clock
+        self.steps: list[list[float]] = []
+        self.ends: list[float] = []  # each step's end, seconds since the first step began
+        self._open: list[int] = []
+        self._current = [0.0] * len(PHASES)
+        self._mark: float | None = None
+        self._origin: float | None = None
+        self.compiled = False  # steps run inside a compiled graph: only their time is known
+
+    def _charge(self, now: float) -> None:
+        if self._mark is None:
+            self._origin = self._mark = now
+            return
+        phase = self._open[-1] if self._open else _INDEX["compute"]
+        self._current[phase] += now - self._mark
+        self._mark = now
+
+    def start(self) -> None:
+        """Start the clock, if no phase has yet (the first step begins now)."""
+        if self._mark is None:
+            self._charge(self.clock())
+
+    def enter(self, phase: str) -> None:
+        self._charge(self.clock())
+        self._open.append(_INDEX[phase])
+
+    def exit(self) -> None:
+        self._charge(self.clock())
+        if self._open:
+            self._open.pop()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.exit()
+
+    def step_done(self) -> None:
+        """Close the step that ends now (the next one starts at once)."""
+        now = self.clock()
+        self._charge(now)
+        if sum(self._current) > 0:
+            self.steps.append(self._current)
+            assert self._origin is not None
+            self.ends.append(now - self._origin)
+        self._current = [0.0] * len(PHASES)
+
+    def record(self, rank: int, host: str) -> dict[str, Any]:
+        return {"rank": rank, "host": host, "phases": list(PHASES), "steps": self.steps,
+                "ends": self.ends, "compiled": self.compiled}  # fmt: skip
+
+    def write(self, directory: Path, rank: int, host: str) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"rank-{rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record(rank, host)))
+        os.replace(tmp, path)
+        return path
+
+
+_recorder: Recorder | None = None
+_checked = False
+
+
+def get() -> Recorder | None:
+    """This process's recorder under ``--profile``, else None (decided once)."""
+    global _recorder, _checked
+    if not _checked:
+        _checked = True
+        directory = os.environ.get(envvars.PROFILE_DIR)
+        if directory:
+            _recorder = Recorder()
+            atexit.register(_write_at_exit, Path(directory))
+            _time_data_loaders(_recorder)
+    return _recorder
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """``with phase("other"):`` around work of that phase; nothing when not profiling."""
+    recorder = get()
+    if recorder is None:
+        yield
+        return
+    with recorder.phase(name):
+        yield
+
+
+def _write_at_exit(directory: Path) -> None:
+    from hvdkit import rank_zero
+
+    if _recorder is not None and _recorder.steps:
+        _recorder.write(directory, rank_zero.rank(), socket.gethostname())
+
+
+def _time_data_loaders(recorder: Recorder) -> None:
+    """Every torch ``DataLoader`` iterator's ``next`` is a ``data`` wait (scripts written for
+    Horovod included: the loader is theirs). Patched only when profiling, only if torch is
+    already imported (a Keras-on-TensorFlow job never imports it for this)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return
+    from torch.utils.data import dataloader
+
+    base = dataloader._BaseDataLoaderIter
+    if getattr(base, "_hvdkit_profiled", False):
+        return
+    plain_next = base.__next__
+
+    def timed_next(self: Any) -> Any:
+        with recorder.phase("data"):
+            return plain_next(self)
+
+    base.__next__ = timed_next  # type: ignore[method-assign]
+    base._hvdkit_profiled = True  # type: ignore[attr-defined]

@@ -1,0 +1,65 @@
+"""Run by tests/test_profile.py under `hvdkit run --profile`: a script written for Horovod (the
+drop-in module, its own DataLoader and DistributedSampler, no session), or Keras's fit through
+the session, each with a data set that reads slowly."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+KIND = sys.argv[1]
+LATENCY = 0.002  # per sample: 32 ms per batch of 16, far above the step's compute
+
+
+def horovod_script() -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+    import hvdkit.torch as hvd
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 512
+
+        def __getitem__(self, i):
+            time.sleep(LATENCY)
+            return torch.full((8,), float(i % 7)), torch.tensor(i % 3)
+
+    hvd.init()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+        named_parameters=model.named_parameters(),
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    sampler = DistributedSampler(Slow(), num_replicas=hvd.size(), rank=hvd.rank())
+    for x, y in DataLoader(Slow(), batch_size=16, sampler=sampler):
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def keras_fit() -> None:
+    import keras
+    import numpy as np
+
+    import hvdkit.keras as hvd
+
+    class Slow(keras.utils.PyDataset):
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            time.sleep(16 * LATENCY)
+            rng = np.random.default_rng(i)
+            return rng.normal(size=(16, 8)).astype("float32"), rng.normal(size=(16, 1))
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    session = hvd.setup(model, keras.optimizers.SGD(0.01))
+    model.compile(optimizer=session.optimizer, loss="mse", jit_compile=False)
+    session.fit(Slow(), epochs=1, verbose=0)
+
+
+{"horovod-script": horovod_script, "keras-fit": keras_fit}[KIND]()
