@@ -32,7 +32,7 @@ DOCS_STAMP := $(VENV)/.hvdkit-docs
 # Where `make docs-check` saves its screenshots.
 DOCS_CHECK_OUT ?= docs-check
 
-.PHONY: setup stack engines docs docs-deps docs-check run test test-fast test-all matrix image-gpu gpu-check lint \
+.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all matrix image-gpu gpu-check lint \
 	sweep doctor clean
 
 setup: $(STAMP)
@@ -118,6 +118,26 @@ docs-deps: $(STAMP) $(DOCS_STAMP)
 $(DOCS_STAMP): $(DOCS_STACK)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(DOCS_STACK)
 	touch $(DOCS_STAMP)
+
+# The docs site's pictures, each from a real run on this machine (dated in the pages that show
+# them): the profile of examples/pytorch_slow_input.py before and after loader workers, the
+# bench's bus-bandwidth and scaling plots, the allreduce tutorial's cost-model plot. Minutes;
+# not in CI (the pages' figures are checked to be dated, the PNGs to exist).
+FIGURES := docs/images
+FIGURES_TMP := build/figures
+docs-figures: setup
+	rm -rf $(FIGURES_TMP) && mkdir -p $(FIGURES) $(FIGURES_TMP)
+	$(BIN)/hvdkit run -np 2 --gloo --profile $(FIGURES_TMP)/before -- $(BIN)/python \
+	  examples/pytorch_slow_input.py --workers 0
+	$(BIN)/hvdkit run -np 2 --gloo --profile $(FIGURES_TMP)/after -- $(BIN)/python \
+	  examples/pytorch_slow_input.py --workers 2
+	cp $(FIGURES_TMP)/before/profile.png $(FIGURES)/profile-slow-input-before.png
+	cp $(FIGURES_TMP)/after/profile.png $(FIGURES)/profile-slow-input-after.png
+	$(BIN)/hvdkit bench --quick --only allreduce,training --no-progress --plots $(FIGURES_TMP)/bench
+	cp $(FIGURES_TMP)/bench/allreduce_busbw.png $(FIGURES_TMP)/bench/throughput_vs_ranks.png $(FIGURES)/
+	$(BIN)/hvdkit run --mpi -np 2 --hostfile hostfiles/localhost -- $(BIN)/python \
+	  examples/allreduce_from_scratch.py --out $(FIGURES_TMP)/allreduce
+	cp $(FIGURES_TMP)/allreduce/allreduce_from_scratch_N2.png $(FIGURES)/
 
 # The built site in a real browser (Debian's chromium, installed when missing and root): every
 # page renders with the whole navigation, search answers; screenshots in $(DOCS_CHECK_OUT)/.

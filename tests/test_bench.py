@@ -49,12 +49,13 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
     for backend in ("tensorflow", "torch", "tensorflow custom loop"):
         assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
-    # 2 models x 3, 2 backends and the TF custom loop, 1 bandwidth; and the adapter against the
-    # plain loop on a GPU
-    assert len(summary["targets"]) == 10 + doc["config"]["gpu"]
+    assert 0.5 < summary["profile"]["on_vs_off"] < 2  # a ratio of two real rates
+    # 2 models x 3, 2 backends and the TF custom loop, 1 bandwidth, --profile's cost; and the
+    # adapter against the plain loop on a GPU
+    assert len(summary["targets"]) == 11 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
                     "Keras custom loop, DistributedGradientTape, backend tensorflow",
-                    "Input pipeline", "Targets"):  # fmt: skip
+                    "Input pipeline", "hvdkit run --profile: throughput", "Targets"):  # fmt: skip
         assert heading in out.stdout
     for png in ("allreduce_busbw.png", "throughput_vs_ranks.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 10_000

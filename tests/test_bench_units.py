@@ -54,6 +54,8 @@ def test_plan_covers_every_section_and_world_size():
     assert labels[0] == "input pipeline"
     assert "allreduce np=2 gloo" in labels and "allreduce np=2 mpi" in labels
     assert "allreduce np=1 gloo" not in labels  # busbw is zero at one rank
+    cost = next(j for j in jobs if j.section == "profile")  # at the largest world size
+    assert cost.np == 2 and cost.module == "hvdkit.bench.profile_cost" and cost.controller
     assert {"cnn,resnet18 np=1", "cnn,resnet18 np=2"} <= set(labels)  # one launch, both models
     training = next(j for j in jobs if j.label == "cnn,resnet18 np=2")
     assert training.args == ("--spec", "cnn:32:4:3", "--spec", "resnet18:8:1:3",

@@ -10,7 +10,7 @@ from hvdkit.bench.metrics import KIB, MIB, message_sizes
 from hvdkit.build.config import Controller
 from hvdkit.launch.plan import default_controller
 
-SECTIONS = ("allreduce", "training", "keras", "pipeline")
+SECTIONS = ("allreduce", "training", "keras", "pipeline", "profile")
 KERAS_BACKENDS = ("tensorflow", "torch")
 
 
@@ -104,6 +104,11 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
         jobs.append(Job("pipeline", "input pipeline", "hvdkit.bench.pipeline",
                         ("--workers", str(config.pipeline_workers), "--batches", str(batches)),
                         1))  # fmt: skip
+    if "profile" in config.sections and max(config.nps) > 1:
+        short = ("--rounds", "4", "--steps", "10") if config.quick else ()
+        jobs.append(Job("profile", f"--profile on/off np={max(config.nps)}",
+                        "hvdkit.bench.profile_cost", short, max(config.nps),
+                        main_controller))  # fmt: skip
     if "allreduce" in config.sections:
         sizes = ",".join(map(str, allreduce_sizes(config.quick)))
         jobs.append(Job("allreduce", "loopback TCP and memcpy", "hvdkit.bench.loopback",

@@ -19,6 +19,7 @@ TARGETS = {
     "torch_efficiency_vs_bound": 0.9,
     "busbw_vs_loopback": 0.5,
     "gpu_adapter_vs_plain": 0.99,
+    "profile_on_vs_off": 0.99,
 }
 
 
@@ -197,6 +198,9 @@ def targets(summary: dict) -> list[dict]:
             if n != "1":
                 what = "hvdkit.tensorflow tape" if "custom loop" in backend else "hvdkit.keras"
                 add(f"{what} / by hand, {backend} np={n}", "keras_vs_by_hand", ratio)
+    if "profile" in summary:
+        add(f"throughput with --profile / without, np={summary['profile']['ranks']}",
+            "profile_on_vs_off", summary["profile"]["on_vs_off"])  # fmt: skip
     large = summary.get("allreduce", {}).get("large_message")
     if large:
         add(f"peak busbw / peak loopback TCP, messages >= {metrics.human_bytes(LARGE)} "
@@ -207,7 +211,7 @@ def targets(summary: dict) -> list[dict]:
 def summarize(records: list[dict]) -> dict:
     """Derived numbers for every section that ran."""
     by_section = {s: [r for r in records if r["section"] == s]
-                  for s in ("allreduce", "training", "keras", "pipeline")}  # fmt: skip
+                  for s in ("allreduce", "training", "keras", "pipeline", "profile")}  # fmt: skip
     summary: dict = {}
     if by_section["allreduce"]:
         summary["allreduce"] = _allreduce(by_section["allreduce"])
@@ -217,6 +221,10 @@ def summarize(records: list[dict]) -> dict:
         summary["keras"] = _keras(by_section["keras"])
     if by_section["pipeline"]:
         summary["pipeline"] = _pipeline(by_section["pipeline"])
+    if by_section["profile"]:
+        res = by_section["profile"][-1]["result"]
+        summary["profile"] = {"ranks": res["ranks"], "rounds": res["rounds"],
+                              "on_vs_off": res["ratio"]}  # fmt: skip
     summary["targets"] = targets(summary)
     return summary
 
@@ -315,6 +323,12 @@ def table(summary: dict) -> str:
         for name, rate in p["samples_per_s"].items():
             note = "n/a (no GPU)" if rate is None else f"{rate:.0f} ({p['speedup'][name]:.2f}x)"
             lines.append(f"  {name:<24}{note}")
+    prof = summary.get("profile")
+    if prof:
+        lines.append("")
+        lines.append(f"hvdkit run --profile: throughput with / without its hooks, median of "
+                     f"{prof['rounds']} alternating rounds, np={prof['ranks']}: "
+                     f"{prof['on_vs_off']:.3f}")  # fmt: skip
     if summary.get("targets"):
         lines.append("")
         lines.append("Targets")

@@ -41,7 +41,9 @@ def draw(records: list[dict[str, Any]], profile: dict[str, Any], path: Path) -> 
         lines.plot(range(1, len(totals) + 1), totals, label=f"rank {record['rank']}", lw=1)
     lines.set_xlabel("step")
     lines.set_ylabel("step time (ms)")
-    lines.set_yscale("log")
+    every = [1000 * sum(step) for record in records for step in record["steps"]]
+    if every and min(every) > 0 and max(every) / min(every) > 20:
+        lines.set_yscale("log")  # a first step of seconds beside steps of milliseconds
     slow = verdict["straggler"]
     lines.set_title("step time" + (f" (straggler: rank {slow['rank']})" if slow else ""))
     lines.legend(fontsize="small")

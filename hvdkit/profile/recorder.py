@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,7 @@ def get() -> Recorder | None:
         if directory:
             _recorder = Recorder()
             atexit.register(_write_at_exit, Path(directory))
-            _time_data_loaders(_recorder)
+            time_data_loaders(_recorder)
     return _recorder
 
 
@@ -127,24 +127,25 @@ def _write_at_exit(directory: Path) -> None:
         _recorder.write(directory, rank_zero.rank(), socket.gethostname())
 
 
-def _time_data_loaders(recorder: Recorder) -> None:
-    """Every torch ``DataLoader`` iterator's ``next`` is a ``data`` wait (scripts written for
-    Horovod included: the loader is theirs). Patched only when profiling, only if torch is
-    already imported (a Keras-on-TensorFlow job never imports it for this)."""
+def time_data_loaders(recorder: Recorder) -> Callable[[], None]:
+    """Make every torch ``DataLoader`` iterator's ``next`` a ``data`` wait (scripts written for
+    Horovod included: the loader is theirs); returns the undo. Done only when profiling, and
+    only if torch is already imported (a Keras-on-TensorFlow job never imports it for this)."""
     import sys
 
     if "torch" not in sys.modules:
-        return
+        return lambda: None
     from torch.utils.data import dataloader
 
     base = dataloader._BaseDataLoaderIter
-    if getattr(base, "_hvdkit_profiled", False):
-        return
     plain_next = base.__next__
 
     def timed_next(self: Any) -> Any:
         with recorder.phase("data"):
             return plain_next(self)
 
+    def undo() -> None:
+        base.__next__ = plain_next  # type: ignore[method-assign]
+
     base.__next__ = timed_next  # type: ignore[method-assign]
-    base._hvdkit_profiled = True  # type: ignore[attr-defined]
+    return undo

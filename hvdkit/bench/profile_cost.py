@@ -1,0 +1,82 @@
+"""What ``hvdkit run --profile`` costs: ``python -m hvdkit.bench.profile_cost`` under a launcher.
+
+A Horovod-style torch loop (hvdkit's drop-in ``DistributedOptimizer``, a ``DataLoader``) with
+the profiler's hooks on and off in alternating rounds of one run: two identical models, one
+whose optimizer is profiled, the loader's ``next`` timed only in the profiled rounds. Prints
+the median of the per-round throughput ratios (on / off); the target is >= 0.99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20, help="per round")
+    parser.add_argument("--rounds", type=int, default=12)
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F  # noqa: N812 - torch's own name
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import hvdkit.torch as hvd
+    from hvdkit.bench.worker import emit
+    from hvdkit.devices import cores_per_process
+    from hvdkit.models import cnn
+    from hvdkit.profile import recorder as profile_recorder
+    from hvdkit.torch.optimizer import _profile
+
+    hvd.init()
+    torch.set_num_threads(cores_per_process(hvd.local_size()))
+    generator = torch.Generator().manual_seed(0)
+    count = args.batch_size * args.steps
+    data = TensorDataset(torch.randn(count, 1, 28, 28, generator=generator),
+                         torch.randint(0, 10, (count,), generator=generator))  # fmt: skip
+    recorder = profile_recorder.Recorder()
+
+    def variant(profiled: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = cnn()
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            named_parameters=[(f"{int(profiled)}.{n}", p) for n, p in model.named_parameters()],
+        )
+        if profiled:
+            _profile(optimizer, recorder)
+        return model, optimizer
+
+    variants = {False: variant(False), True: variant(True)}
+
+    def round_rate(profiled: bool) -> float:
+        model, optimizer = variants[profiled]
+        undo = profile_recorder.time_data_loaders(recorder) if profiled else (lambda: None)
+        try:
+            hvd.allreduce(torch.zeros(1), name="bench.barrier")
+            start = time.perf_counter()
+            for x, y in DataLoader(data, batch_size=args.batch_size):
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            hvd.allreduce(torch.zeros(1), name="bench.barrier")
+            return count / (time.perf_counter() - start)
+        finally:
+            undo()
+
+    round_rate(False), round_rate(True)  # warm-up: connections, allocator
+    ratios = []
+    for r in range(args.rounds):
+        order = (True, False) if r % 2 else (False, True)
+        rates = {profiled: round_rate(profiled) for profiled in order}
+        ratios.append(rates[True] / rates[False])
+    if hvd.rank() == 0:
+        emit({"ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps,
+              "ratio": statistics.median(ratios), "recorded": len(recorder.steps)})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
