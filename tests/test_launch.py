@@ -167,6 +167,32 @@ def test_an_allocation_host_that_cannot_be_reached_is_named_at_once():
                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
                          stdin=subprocess.DEVNULL)  # fmt: skip
     assert out.returncode != 0
-    assert "hvdkit run: no rank started: cannot reach hvdkit-nohost (ssh: Could not resolve " \
-        "hostname hvdkit-nohost" in out.stderr, out.stderr[-2000:]
+    assert (
+        "hvdkit run: no rank started: cannot reach hvdkit-nohost (ssh: Could not resolve "
+        "hostname hvdkit-nohost" in out.stderr
+    ), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+
+
+def test_gloo_ranks_on_this_machine_get_the_environment_off_their_command_lines():
+    """The local half of tests/test_launch_ssh.py's canary test: a variable of the launching
+    shell is in each rank's environment and on no command line while the ranks run."""
+    canary = "hvdkit-local-canary-93b1"
+    proc = subprocess.Popen(
+        [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable, WORKER, "sleep"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        preexec_fn=interruptible, env={**os.environ, "HVDKIT_TEST_VALUE": canary},
+    )  # fmt: skip
+    try:
+        pids = read_pids(proc, 2)
+        table = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True,
+                               timeout=30).stdout  # fmt: skip
+        assert "launch_worker.py sleep" in table and canary not in table
+        for pid in pids:  # the value is in the rank's environment, where only its user reads it
+            assert (
+                f"HVDKIT_TEST_VALUE={canary}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+            )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert wait_gone(pids)
