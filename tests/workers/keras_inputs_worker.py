@@ -10,6 +10,7 @@ import sys
 
 import keras
 import numpy as np
+from keras_worker import model_for, weights
 from tolerance import max_difference, paths_close
 
 import hvdkit.keras as hvd
@@ -19,17 +20,6 @@ LOADING = {  # Keras 2's fit(workers=...) arguments, given to Session.fit
     "pydataset": {"workers": 2, "max_queue_size": 4},
     "pydataset-processes": {"workers": 2, "use_multiprocessing": True},
 }
-
-
-def model_for(seed: int) -> keras.Model:
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
-    )
-
-
-def weights(model: keras.Model) -> np.ndarray:
-    return np.concatenate([np.ravel(keras.ops.convert_to_numpy(v)) for v in model.weights])
 
 
 class Batches(keras.utils.PyDataset):
