@@ -14,15 +14,26 @@ Every mistake names the variable (or file and line) and its value.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdkit.launch.hostfile import Host, HostfileError, check_name, parse_hostfile_text
+from hvdkit.launch.hostfile import (
+    MAX_SLOTS,
+    Host,
+    HostfileError,
+    check_name,
+    parse_hostfile_text,
+)
+from hvdkit.launch.names import whole_number
 
 MPIJOB_HOSTFILE = "/etc/mpi/hostfile"
+MAX_HOSTS = 65536
+"""The most hosts an allocation lists (the largest machines have about 10,000 nodes): a
+longer one is a typo such as ``node[0-99999999999]``, refused before it is listed."""
 
 
 class AllocationError(HostfileError):
@@ -80,6 +91,8 @@ def expand_nodelist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str
                 raise AllocationError(_bad(variable, text, "host[01-04,07],other"))
             else:
                 choices.append([part])
+        if len(names) + math.prod(len(choice) for choice in choices) > MAX_HOSTS:
+            raise AllocationError(_too_many(variable, text, "hosts"))
         names += ["".join(combo) for combo in itertools.product(*choices)]
     return [_host_name(name, variable, text) for name in names]
 
@@ -103,10 +116,13 @@ def _split_top(text: str, variable: str) -> list[str]:
 def _ranges(inner: str, variable: str, text: str) -> list[str]:
     out: list[str] = []
     for piece in inner.split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece)
+        # ASCII digits, no longer than a host name can be (and int() can read).
+        match = re.fullmatch(r"([0-9]{1,253})(?:-([0-9]{1,253}))?", piece)
         if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
             raise AllocationError(_bad(variable, text, "host[01-04,07]"))
         low, high = match.group(1), match.group(2) or match.group(1)
+        if len(out) + int(high) - int(low) + 1 > MAX_HOSTS:
+            raise AllocationError(_too_many(variable, text, "hosts"))
         out += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
     return out
 
@@ -115,10 +131,16 @@ def expand_counts(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int
     """Slurm's per-node counts (``4(x2),2`` is 4, 4, 2)."""
     counts: list[int] = []
     for piece in text.strip().split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", piece.strip())
-        if not match or int(match.group(1)) < 1:
-            raise AllocationError(_bad(variable, text, "4(x2),2 (4 on each of 2 nodes, then 2)"))
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
+        match = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", piece.strip())
+        count = whole_number(match.group(1), MAX_SLOTS) if match else None
+        times = (match.group(2) or "1") if match else "0"
+        if count is None or not times.strip("0"):
+            form = f"4(x2),2 (4 on each of 2 nodes, then 2; at most {MAX_SLOTS} on a node)"
+            raise AllocationError(_bad(variable, text, form))
+        repeat = whole_number(times, MAX_HOSTS - len(counts))
+        if repeat is None:
+            raise AllocationError(_too_many(variable, text, "nodes"))
+        counts += [count] * repeat
     return counts
 
 
@@ -128,16 +150,39 @@ def _positive(env: Mapping[str, str], variable: str) -> int | None:
     value = env.get(variable, "").strip()
     if not value:
         return None
-    if not value.isdigit() or int(value) < 1:
+    number = whole_number(value, MAX_HOSTS * MAX_SLOTS)
+    if number is None:
         raise AllocationError(
-            f"{variable}={value!r} is not a positive whole number, and hvdkit reads it to plan "
-            f"the ranks. Fix: unset it, or give it a count as Slurm does (e.g. {variable}=4)"
+            f"{variable}={value!r} is not a positive whole number (at most "
+            f"{MAX_HOSTS * MAX_SLOTS}), and hvdkit reads it to plan the ranks. Fix: unset it, "
+            f"or give it a count as Slurm does (e.g. {variable}=4)"
         )
-    return int(value)
+    return number
 
 
 def _bad(variable: str, value: str, form: str) -> str:
     return f"{variable}={value!r} cannot be read; expected the form {form}"
+
+
+def _too_many(variable: str, value: str, what: str) -> str:
+    return (
+        f"{variable}={value!r} lists more than {MAX_HOSTS} {what}; hvdkit plans at most "
+        f"{MAX_HOSTS}. Fix: correct it (was it set by hand?)"
+    )
+
+
+def _once(hosts: tuple[Host, ...], where: str) -> tuple[Host, ...]:
+    """``hosts``, each listed once: horovodrun would give a host listed twice two sets of
+    local ranks, which collide on its GPUs."""
+    seen: set[str] = set()
+    for host in hosts:
+        if host.name in seen:
+            raise AllocationError(
+                f"{where} lists {host.name} more than once; a scheduler lists each host once "
+                "(was it set by hand?)"
+            )
+        seen.add(host.name)
+    return hosts
 
 
 def slurm(env: Mapping[str, str]) -> Allocation | None:
@@ -176,6 +221,7 @@ def slurm(env: Mapping[str, str]) -> Allocation | None:
         )
     source = f"Slurm ({variable})"
     hosts = tuple(Host(n, c, source=source) for n, c in zip(names, counts, strict=True))
+    hosts = _once(hosts, f"{variable}={nodelist!r}")
     gpus = _slurm_gpus(env)
     if gpus is not None:
         origin += f", GPUs per node {gpus}"
@@ -185,7 +231,7 @@ def slurm(env: Mapping[str, str]) -> Allocation | None:
 def _slurm_gpus(env: Mapping[str, str]) -> int | None:
     for variable in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
         value = env.get(variable, "")
-        match = re.fullmatch(r"(?:[\w-]+:)?(\d+)", value)  # "2" or "a100:2"
+        match = re.fullmatch(r"(?:[\w-]+:)?([0-9]{1,9})", value)  # "2" or "a100:2"
         if match:
             return int(match.group(1))
     return None
@@ -201,6 +247,12 @@ def _per_slot_lines(text: str, source: str, scheduler: str) -> tuple[Host, ...]:
             counts[name] = counts.get(name, 0) + 1
     if not counts:
         raise AllocationError(f"{source}: no hosts in it; the {scheduler} job has no slots")
+    crowded = [n for n, c in counts.items() if c > MAX_SLOTS]
+    if crowded:
+        raise AllocationError(
+            f"{source}: {crowded[0]} is listed {counts[crowded[0]]} times, for as many slots; "
+            f"a host takes at most {MAX_SLOTS}"
+        )
     return tuple(Host(n, c, source=source) for n, c in counts.items())
 
 
@@ -237,14 +289,17 @@ def lsf(env: Mapping[str, str], read: Callable[[str], str]) -> Allocation | None
     value = env.get("LSB_MCPU_HOSTS", "").split()
     if not value:
         return None
-    if len(value) % 2 or not all(n.isdigit() and int(n) > 0 for n in value[1::2]):
-        raise AllocationError(_bad("LSB_MCPU_HOSTS", " ".join(value), "host1 4 host2 4"))
+    if len(value) % 2 or not all(whole_number(n, MAX_SLOTS) for n in value[1::2]):
+        raise AllocationError(
+            _bad("LSB_MCPU_HOSTS", " ".join(value), f"host1 4 host2 4 (at most {MAX_SLOTS} a host)")
+        )
     pairs = zip(value[::2], value[1::2], strict=True)
     text = " ".join(value)
     hosts = tuple(
         Host(_host_name(n, "LSB_MCPU_HOSTS", text), int(c), source="LSB_MCPU_HOSTS")
         for n, c in pairs
     )
+    hosts = _once(hosts, f"LSB_MCPU_HOSTS={text!r}")
     return Allocation("LSF", hosts, f"LSB_MCPU_HOSTS={' '.join(value)}", job)
 
 

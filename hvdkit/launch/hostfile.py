@@ -19,9 +19,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdkit.launch.names import BadInputError, check_host
+from hvdkit.launch.names import BadInputError, check_host, whole_number
 
 EXPECTED = "HOST slots=N [max_slots=M], HOST:N or HOST (one host per line)"
+MAX_SLOTS = 4096
+"""The most processes one host is given: a larger count is a typo (the plan lists every rank,
+so ``host:99999999999`` would never finish planning)."""
 
 
 class HostfileError(BadInputError):
@@ -56,15 +59,23 @@ def check_name(name: str, where: str, text: str) -> str:
 
 
 def _count(value: str, key: str, where: str, text: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise HostfileError(f"{where}: {key} must be a whole number > 0, got {value!r} in {text!r}")
-    return int(value)
+    count = whole_number(value, MAX_SLOTS)
+    if count is None:
+        raise HostfileError(
+            f"{where}: {key} must be a whole number > 0, got {value!r} in {text!r} (a host "
+            f"takes at most {MAX_SLOTS})"
+        )
+    return count
 
 
 def parse_entry(
     text: str, where: str, default_slots: int | None = None, *, allow_options: bool = True
 ) -> Host:
     """One host entry (a hostfile line without its comment, or one ``-H`` item)."""
+    if default_slots is not None and not 1 <= default_slots <= MAX_SLOTS:
+        raise HostfileError(
+            f"--slots-per-host {default_slots}: give a whole number from 1 to {MAX_SLOTS}"
+        )
     fields = text.split()
     head, options = fields[0], fields[1:]
     slots: int | None = None

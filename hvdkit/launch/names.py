@@ -56,11 +56,22 @@ def check_interfaces(value: str, where: str = "--network-interface") -> str:
     )
 
 
+def whole_number(text: str, most: int) -> int | None:
+    """``text`` as a whole number from 1 to ``most``; None when it is not one. Only ASCII
+    digits: ``str.isdigit`` passes ``²``, which ``int()`` refuses, and ``int()`` refuses more
+    than 4300 digits, so the length is checked first."""
+    digits = text.lstrip("0")
+    if not text.isascii() or not text.isdigit() or len(digits) > len(str(most)):
+        return None
+    number = int(digits or "0")
+    return number if 1 <= number <= most else None
+
+
 def check_port(value: str | int, where: str) -> int:
     """``value`` as a TCP port (1 to 65535)."""
-    text = str(value).strip()
-    if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
-        return int(text)
+    port = whole_number(str(value).strip(), 65535)
+    if port is not None:
+        return port
     raise BadInputError(f"{where} {value!r}: not a TCP port. Fix: give a number from 1 to 65535")
 
 
