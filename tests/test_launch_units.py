@@ -226,7 +226,11 @@ def test_demux_makes_whole_lines_from_mpi_and_gloo_pieces():
     assert [(p.rank, p.text) for p in pieces] == [(1, "other"), (0, "test loss: 0.1259")]
     # Gloo: a progress bar's pieces end in \r; untagged text is horovodrun's own.
     pieces = d.feed("[0]<stderr>: 10%\r[0]<stderr>: 50%\r[0]<stderr>:100%\n", "stderr")
-    assert [(p.text, p.progress) for p in pieces] == [(" 10%", True), (" 50%", True), ("100%", False)]
+    assert [(p.text, p.progress) for p in pieces] == [
+        (" 10%", True),
+        (" 50%", True),
+        ("100%", False),
+    ]
     assert d.feed("Process 1 exit with status code 7.\n", "stdout") == [
         Piece(None, "stdout", "Process 1 exit with status code 7.")
     ]
@@ -316,3 +320,13 @@ def test_the_launch_package_has_no_import_cycle():
 
     cycles = sorted(f"{a} <-> {b}" for a in names for b in edges[a] if reaches(b, a, {b}))
     assert not cycles, cycles
+
+
+def test_a_plan_of_more_ranks_than_hvdkit_lists_is_refused_at_once():
+    from hvdkit.launch.plan import MAX_RANKS
+
+    hosts = [Host(f"h{i}", 4096) for i in range(40)]  # 163,840 slots
+    with pytest.raises(LaunchError, match=f"hvdkit plans at most {MAX_RANKS} ranks"):
+        build_plan(LaunchConfig(command=("x",), controller="gloo"), hosts, available=("gloo",))
+    assert len(build_plan(LaunchConfig(command=("x",), np=8, controller="gloo"), hosts,
+                          available=("gloo",)).ranks) == 8  # fmt: skip

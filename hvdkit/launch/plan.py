@@ -28,6 +28,8 @@ MPI_DEFAULT_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 HIDDEN = "(value not shown)"
+MAX_RANKS = 1 << 17
+"""The most ranks one plan lists (Horovod's largest reported jobs are ~27,000 GPUs)."""
 
 
 class LaunchError(ValueError):
@@ -119,6 +121,12 @@ def allocate(hosts: list[Host], np: int | None) -> list[tuple[Host, int]]:
     np = total if np is None else np
     if np < 1:
         raise LaunchError(f"-np {np}: give at least 1 process")
+    if np > MAX_RANKS:
+        raise LaunchError(
+            f"-np {np} ({'the slots listed' if np == total else 'asked for'}): hvdkit plans at "
+            f"most {MAX_RANKS} ranks a job, and lists each. Fix: give -np, or check the hosts' "
+            "slot counts"
+        )
     if np > total:
         listed = ", ".join(f"{h.name}:{h.slots}" for h in hosts)
         raise LaunchError(
