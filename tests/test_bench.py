@@ -50,9 +50,10 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
         assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
     assert 0.5 < summary["profile"]["on_vs_off"] < 2  # a ratio of two real rates
-    # 2 models x 3, 2 backends and the TF custom loop, 1 bandwidth, --profile's cost; and the
-    # adapter against the plain loop on a GPU
-    assert len(summary["targets"]) == 11 + doc["config"]["gpu"]
+    # 2 models x (hvdkit/horovod at np=1 and 2, DDP, bound), 2 backends and the TF custom
+    # loop at np=1 and 2, 1 bandwidth, --profile's cost; and the adapter against the plain
+    # loop on a GPU
+    assert len(summary["targets"]) == 16 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
                     "Keras custom loop, DistributedGradientTape, backend tensorflow",
                     "Input pipeline", "hvdkit run --profile: throughput", "Targets"):  # fmt: skip

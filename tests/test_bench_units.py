@@ -116,6 +116,10 @@ def _records() -> list[dict]:
             {"backend": "torch", "ranks": 2, "batch_size": 64, "threads": 1,
              "samples_per_s": {"hvdkit": [100.0, 90.0], "by hand": [100.0, 100.0]}},
             backend="torch"),
+        rec("keras", "keras torch np=1", 1,
+            {"backend": "torch", "ranks": 1, "batch_size": 64, "threads": 1,
+             "samples_per_s": {"hvdkit": [99.0, 99.5], "by hand": [100.0, 100.0]}},
+            backend="torch"),
         rec("pipeline", "input pipeline", 1,
             {"workers": 2, "batch_size": 64,
              "samples_per_s": {"main process": 500.0, "workers": 900.0,
@@ -146,7 +150,11 @@ def test_summary_derives_bandwidths_efficiencies_and_targets():
     assert s["pipeline"]["speedup"] == {"main process": 1.0, "workers": 1.8,
                                         "workers + pin_memory": None}  # fmt: skip
     met = {t["name"]: t["met"] for t in s["targets"]}
+    # hvdkit / by hand is judged at one rank too (no communication there: hvdkit's own cost)
+    assert met["hvdkit.torch / hand-written Horovod, cnn np=1"] is True  # 310 / 310
     assert met["hvdkit.torch / hand-written Horovod, cnn np=2"] is True
+    assert "hvdkit.torch efficiency / DDP's, cnn np=1" not in met  # efficiency: np > 1 only
+    assert met["hvdkit.keras / by hand, torch np=1"] is True  # 0.9925 >= 0.99
     assert met["hvdkit.torch efficiency / DDP's, cnn np=2"] is False
     assert met["hvdkit.keras / by hand, torch np=2"] is False
     assert met["peak busbw / peak loopback TCP, messages >= 16 MiB (horovod gloo np=2)"] is False

@@ -12,9 +12,11 @@ from hvdkit.bench.plan import BenchConfig, Job
 
 SCHEMA = "hvdkit-bench-1"
 LARGE = 16 * metrics.MIB  # "large message" for the bandwidth target
+# hvdkit against the same steps wired by hand (issue 40: hvdkit's own per-step cost at most
+# 1%), judged at every world size, one rank included (where no communication happens at all).
 TARGETS = {
-    "torch_vs_horovod": 0.98,
-    "keras_vs_by_hand": 0.98,
+    "torch_vs_horovod": 0.99,
+    "keras_vs_by_hand": 0.99,
     "torch_efficiency_vs_ddp": 1.0,
     "torch_efficiency_vs_bound": 0.9,
     "busbw_vs_loopback": 0.5,
@@ -180,9 +182,9 @@ def targets(summary: dict) -> list[dict]:
                         "met": value >= TARGETS[kind]})  # fmt: skip
 
     for model, m in summary.get("training", {}).items():
+        for n, ratio in m["hvdkit_vs_horovod"].items():
+            add(f"hvdkit.torch / hand-written Horovod, {model} np={n}", "torch_vs_horovod", ratio)
         for n in m["bound_same_run"]:
-            add(f"hvdkit.torch / hand-written Horovod, {model} np={n}", "torch_vs_horovod",
-                m["hvdkit_vs_horovod"][n])  # fmt: skip
             # Both efficiencies share the one-rank baseline, so their ratio is the ratio of
             # the two variants' rates in the same rounds.
             add(f"hvdkit.torch efficiency / DDP's, {model} np={n}", "torch_efficiency_vs_ddp",
@@ -194,10 +196,9 @@ def targets(summary: dict) -> list[dict]:
             add(f"hvdkit.torch / plain loop on the GPU, {model} np=1", "gpu_adapter_vs_plain",
                 m["vs_plain"]["1"].get("hvdkit"))  # fmt: skip
     for backend, k in summary.get("keras", {}).items():
+        what = "hvdkit.tensorflow tape" if "custom loop" in backend else "hvdkit.keras"
         for n, ratio in k["hvdkit_vs_by_hand"].items():
-            if n != "1":
-                what = "hvdkit.tensorflow tape" if "custom loop" in backend else "hvdkit.keras"
-                add(f"{what} / by hand, {backend} np={n}", "keras_vs_by_hand", ratio)
+            add(f"{what} / by hand, {backend} np={n}", "keras_vs_by_hand", ratio)
     if "profile" in summary:
         add(f"throughput with --profile / without, np={summary['profile']['ranks']}",
             "profile_on_vs_off", summary["profile"]["on_vs_off"])  # fmt: skip
@@ -291,7 +292,10 @@ def table(summary: dict) -> str:
                      for v in variants]  # fmt: skip
             lines.append(f"  {n:>5}" + "".join(f"  {c:<22}" for c in cells))
         if m["vs_plain"].get("1", {}).get("hvdkit") is not None:
-            lines.append(f"  np=1: hvdkit/plain in the same rounds "
+            by_hand = m["hvdkit_vs_horovod"].get("1")
+            lines.append("  np=1: "
+                         + (f"hvdkit/horovod {by_hand:.3f}, " if by_hand is not None else "")
+                         + f"hvdkit/plain in the same rounds "
                          f"{_fmt(m['vs_plain']['1'].get('hvdkit'), '.3f')}")  # fmt: skip
         for n, same in m["bound_same_run"].items():
             lines.append(

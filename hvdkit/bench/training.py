@@ -4,7 +4,8 @@ The same model and synthetic batch, trained by several variants side by side in 
 processes, in interleaved rounds so the machine's drift hits all of them alike:
 
 - ``plain``: no communication at all, the compute alone (the weak-scaling baseline);
-- ``hvdkit``: :func:`hvdkit.torch.setup`;
+- ``hvdkit``: :func:`hvdkit.torch.setup`, stepping with the session's ``backward_and_step``
+  (so its own per-step work is in the measurement);
 - ``horovod``: the same steps wired by hand with ``horovod.torch``, as Horovod's examples do;
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over torch.distributed gloo;
 - with ``--threads-variant-for MODEL``, hvdkit with torch's default thread count instead
@@ -51,9 +52,10 @@ class Variant:
         if channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # not in its stubs
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        self.session: Any = None  # hvdkit.torch.Session
         if kind.startswith("hvdkit"):
-            session = hvdkit_torch.setup(model, optimizer)  # the six steps, no checkpoint
-            model, optimizer = session.model, session.optimizer
+            self.session = hvdkit_torch.setup(model, optimizer)  # the six steps, no checkpoint
+            model, optimizer = self.session.model, self.session.optimizer
         elif kind == "horovod":
             for group in optimizer.param_groups:
                 group["lr"] *= horovod.size()
@@ -78,6 +80,9 @@ class Variant:
         self.optimizer.zero_grad()
         with self.autocast():
             loss = F.cross_entropy(self.model(self.x), self.y)
+        if self.session is not None:
+            self.session.backward_and_step(loss)
+            return
         loss.backward()
         self.optimizer.step()
 

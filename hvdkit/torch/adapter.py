@@ -132,6 +132,11 @@ class TorchAdapter(Adapter):
             # read from self.warmup, which an elastic reset replaces.
             assert self.warmup is not None
             multiplier = self.warmup.multiplier(self.step_count)
+            if multiplier == 1.0:  # one rank, or no scaling: the LRs stay as they are
+                try:
+                    return inner_step(*args, **kwargs)
+                finally:
+                    self.step_count += 1
             saved = [group["lr"] for group in self.optimizer.param_groups]
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] * multiplier

@@ -121,15 +121,19 @@ class Session:
         self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
         self._preempt: preempt.Preemption | None = None
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
-            # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary.
-            self._preempt = preempt.Preemption(
-                lambda flag, seconds: hvd.allreduce_async(
-                    torch.tensor([flag, seconds], dtype=torch.float64),
-                    op=hvd.Max,
-                    name="hvdkit.preempt",
-                ),
-                lambda handle: tuple(hvd.synchronize(handle).tolist()),
-            )
+            # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary; the
+            # ranks agree on it through a collective (not elastic: the size stays).
+            if self.topology.size == 1:
+                self._preempt = preempt.Preemption(preempt.alone, preempt.agreed)
+            else:
+                self._preempt = preempt.Preemption(
+                    lambda flag, seconds: hvd.allreduce_async(
+                        torch.tensor([flag, seconds], dtype=torch.float64),
+                        op=hvd.Max,
+                        name="hvdkit.preempt",
+                    ),
+                    lambda handle: tuple(hvd.synchronize(handle).tolist()),
+                )
             self._preempt.install()
         self._elastic: SessionElastic | None = None
         if adapter.config.elastic:
@@ -327,6 +331,8 @@ class Session:
         """After every optimizer step."""
         self.position.micro_step = 0
         self._pending_step = None
+        if self._synced_once and self._preempt is None and self._elastic is None:
+            return cast(torch.Tensor | None, norm)  # nothing of hvdkit's own after this step
         with profile_recorder.phase("other"):  # hvdkit's own per-step work
             if not self._synced_once:
                 self._synced_once = True
