@@ -107,3 +107,19 @@ def test_the_closing_text_and_files(tmp_path):
 def test_hvdkits_own_work_above_five_percent_is_named():
     v = report.build([_record(0, (0.001, 0.03, 0.002, 0.004, 0.003))])["verdict"]
     assert v["bound"] == "compute" and "hvdkit's own per-step work" in v["advice"][1]
+
+
+def test_a_long_run_keeps_an_even_sample_in_bounded_memory(monkeypatch):
+    from hvdkit.profile import recorder
+
+    monkeypatch.setattr(recorder, "MAX_STEPS", 8)
+    clock = Clock()
+    rec = Recorder(clock)
+    rec.start()
+    for step in range(1, 41):
+        clock.advance(0.001 * step)  # step k takes k ms
+        rec.step_done()
+    assert len(rec.steps) < 8 and rec.stride == 8
+    # Kept: every stride-th step of the run, in order, each with its own time.
+    kept = [round(1000 * sum(s)) for s in rec.steps]
+    assert kept == [8, 16, 24, 32, 40][: len(kept)] and kept == sorted(kept)

@@ -23,6 +23,9 @@ from typing import Any
 from hvdkit import envvars
 
 PHASES = ("data", "compute", "communication", "optimizer", "other")
+MAX_STEPS = 50_000
+"""Steps kept in memory (and in ``rank-N.json``): past it, every other one is dropped and from
+then on only every 2nd (4th, ...) step is kept, an even sample of a long run in bounded memory."""
 _INDEX = {name: i for i, name in enumerate(PHASES)}
 
 
@@ -38,6 +41,8 @@ class Recorder:
         self._mark: float | None = None
         self._origin: float | None = None
         self.compiled = False  # steps run inside a compiled graph: only their time is known
+        self.stride = 1  # every stride-th step is kept (MAX_STEPS)
+        self._count = 0
 
     def _charge(self, now: float) -> None:
         if self._mark is None:
@@ -74,14 +79,19 @@ class Recorder:
         now = self.clock()
         self._charge(now)
         if sum(self._current) > 0:
-            self.steps.append(self._current)
-            assert self._origin is not None
-            self.ends.append(now - self._origin)
+            self._count += 1
+            if self._count % self.stride == 0:
+                assert self._origin is not None
+                self.steps.append(self._current)
+                self.ends.append(now - self._origin)
+                if len(self.steps) >= MAX_STEPS:
+                    self.steps, self.ends = self.steps[1::2], self.ends[1::2]
+                    self.stride *= 2
         self._current = [0.0] * len(PHASES)
 
     def record(self, rank: int, host: str) -> dict[str, Any]:
         return {"rank": rank, "host": host, "phases": list(PHASES), "steps": self.steps,
-                "ends": self.ends, "compiled": self.compiled}  # fmt: skip
+                "ends": self.ends, "compiled": self.compiled, "stride": self.stride}  # fmt: skip
 
     def write(self, directory: Path, rank: int, host: str) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
