@@ -127,6 +127,14 @@ class Preemption:
         return signal.Signals(self.agreed).name if self.agreed else "a signal"
 
 
+def among(
+    size: int, start: Callable[[int, float], Any], finish: Callable[[Any], tuple[float, float]]
+) -> Preemption:
+    """A :class:`Preemption` for ``size`` ranks agreeing through ``start``/``finish``; a job
+    of one rank agrees with itself (:func:`alone`), without a collective."""
+    return Preemption(alone, agreed) if size == 1 else Preemption(start, finish)
+
+
 def alone(flag: int, seconds: float) -> tuple[float, float]:
     """``start`` for a job of one rank: its own flag is the agreement (no collective, whose
     Horovod cycle would cost about a millisecond); pass :func:`agreed` as ``finish``."""

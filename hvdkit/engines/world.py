@@ -51,10 +51,9 @@ def plan(hosts: list[str], engine: str = "the engine") -> list[Slot]:
     reported it: each name is checked as every host name is, :mod:`hvdkit.launch.names`)."""
     if not hosts:
         raise ValueError("no workers to place")
-    for worker, host in enumerate(hosts):
-        check_host(host, f"{engine}'s worker {worker}")
     per_host: dict[str, list[int]] = {}
     for worker, host in enumerate(hosts):
+        check_host(host, f"{engine}'s worker {worker}")
         per_host.setdefault(host, []).append(worker)
     local = {w: (i, len(ws)) for ws in per_host.values() for i, w in enumerate(ws)}
     cross_size: dict[int, int] = {}

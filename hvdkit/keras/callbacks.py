@@ -242,15 +242,13 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model._initial_epoch = self._adapter.epoch
         if self._adapter.config.elastic:
             return  # an elastic job recovers from lost workers instead
-        if backend.horovod().size() == 1:  # nobody to agree with: no collective
-            self._preempt = preempt.Preemption(preempt.alone, preempt.agreed)
-        else:
-            self._preempt = preempt.Preemption(
-                lambda flag, seconds: tuple(
-                    allgather_numpy(np.array([flag, seconds]), name="hvdkit.preempt").max(axis=0)
-                ),
-                preempt.agreed,
-            )
+        self._preempt = preempt.among(
+            backend.horovod().size(),
+            lambda flag, seconds: tuple(
+                allgather_numpy(np.array([flag, seconds]), name="hvdkit.preempt").max(axis=0)
+            ),
+            preempt.agreed,
+        )
         self._preempt.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:

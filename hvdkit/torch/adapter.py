@@ -132,19 +132,18 @@ class TorchAdapter(Adapter):
             # read from self.warmup, which an elastic reset replaces.
             assert self.warmup is not None
             multiplier = self.warmup.multiplier(self.step_count)
-            if multiplier == 1.0:  # one rank, or no scaling: the LRs stay as they are
-                try:
-                    return inner_step(*args, **kwargs)
-                finally:
-                    self.step_count += 1
-            saved = [group["lr"] for group in self.optimizer.param_groups]
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["lr"] * multiplier
+            groups = self.optimizer.param_groups
+            # At a multiplier of 1 (one rank, or no scaling) the LRs are left as they are.
+            saved = [group["lr"] for group in groups] if multiplier != 1.0 else None
+            if saved is not None:
+                for group in groups:
+                    group["lr"] = group["lr"] * multiplier
             try:
                 return inner_step(*args, **kwargs)
             finally:
-                for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
-                    group["lr"] = lr
+                if saved is not None:
+                    for group, lr in zip(groups, saved, strict=True):
+                        group["lr"] = lr
                 self.step_count += 1
 
         # A bound method, this instance's only: an LR scheduler made on it later wraps

@@ -123,17 +123,15 @@ class Session:
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
             # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary; the
             # ranks agree on it through a collective (not elastic: the size stays).
-            if self.topology.size == 1:
-                self._preempt = preempt.Preemption(preempt.alone, preempt.agreed)
-            else:
-                self._preempt = preempt.Preemption(
-                    lambda flag, seconds: hvd.allreduce_async(
-                        torch.tensor([flag, seconds], dtype=torch.float64),
-                        op=hvd.Max,
-                        name="hvdkit.preempt",
-                    ),
-                    lambda handle: tuple(hvd.synchronize(handle).tolist()),
-                )
+            self._preempt = preempt.among(
+                self.topology.size,
+                lambda flag, seconds: hvd.allreduce_async(
+                    torch.tensor([flag, seconds], dtype=torch.float64),
+                    op=hvd.Max,
+                    name="hvdkit.preempt",
+                ),
+                lambda handle: tuple(hvd.synchronize(handle).tolist()),
+            )
             self._preempt.install()
         self._elastic: SessionElastic | None = None
         if adapter.config.elastic:
