@@ -12,20 +12,26 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, WORKERS
+from conftest import ROOT, WORKERS, results
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 EXAMPLE = str(ROOT / "examples" / "pytorch_slow_input.py")
 
 
-def profiled(tmp_path, *command, env=None):
+def launched(*command, profile=None, env=None):
+    flag = ["--profile", str(profile)] if profile else []
     out = subprocess.run(
-        [HVDKIT, "run", "-np", "2", "--gloo", "--profile", str(tmp_path), "--", sys.executable,
-         *command], capture_output=True, text=True, timeout=300, cwd=ROOT,
-        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+        [HVDKIT, "run", "-np", "2", "--gloo", *flag, "--", sys.executable, *command],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def profiled(tmp_path, *command, env=None):
+    out = launched(*command, profile=tmp_path, env=env)
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert [r["rank"] for r in profile["ranks"]] == [0, 1]
     assert profile["ranks"][0]["steps"] == profile["ranks"][1]["steps"] > 0
@@ -52,7 +58,11 @@ def test_the_slow_input_example_is_input_bound_and_a_slow_rank_is_named(tmp_path
 
 def test_a_horovod_script_is_profiled_with_no_change(tmp_path):
     """The drop-in module's DistributedOptimizer and the script's own DataLoader."""
-    _, profile = profiled(tmp_path, str(WORKERS / "profile_worker.py"), "horovod-script")
+    out, profile = profiled(tmp_path, str(WORKERS / "profile_worker.py"), "horovod-script")
+    # Profiling changes no step: the ranks end identical, and as an unprofiled run ends.
+    r = results(out)
+    plain = results(launched(str(WORKERS / "profile_worker.py"), "horovod-script"))
+    assert r[0]["digest"] == r[1]["digest"] == plain[0]["digest"] == plain[1]["digest"]
     for rank in profile["ranks"]:
         assert rank["steps"] == 512 // 2 // 16 - 1  # less the warm-up step
         phases = rank["phases_ms"]
@@ -62,8 +72,10 @@ def test_a_horovod_script_is_profiled_with_no_change(tmp_path):
 
 @pytest.mark.parametrize("backend", ["torch", "tensorflow"])
 def test_keras_fit_is_profiled_on_both_backends(tmp_path, backend):
-    _, profile = profiled(tmp_path, str(WORKERS / "profile_worker.py"), "keras-fit",
-                          env={"KERAS_BACKEND": backend})  # fmt: skip
+    out, profile = profiled(tmp_path, str(WORKERS / "profile_worker.py"), "keras-fit",
+                            env={"KERAS_BACKEND": backend})  # fmt: skip
+    r = results(out)
+    assert r[0]["digest"] == r[1]["digest"]
     for rank in profile["ranks"]:
         assert rank["steps"] == 24 // 2 - 1
     if backend == "torch":  # eager steps: every phase is timed

@@ -8,12 +8,23 @@ import sys
 import time
 
 KIND = sys.argv[1]
+
+
+def report(rank: int, weights) -> None:
+    """Each rank's weights, as a digest: the ranks must end identical, profiled or not."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()
+    print("RESULT " + json.dumps({"rank": rank, "digest": digest}), flush=True)
+
+
 LATENCY = 0.002  # per sample: 32 ms per batch of 16, far above the step's compute
 
 
 def horovod_script() -> None:
     import torch
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: N812 - torch's own name
     from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
     import hvdkit.torch as hvd
@@ -27,6 +38,7 @@ def horovod_script() -> None:
             return torch.full((8,), float(i % 7)), torch.tensor(i % 3)
 
     hvd.init()
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
@@ -38,6 +50,7 @@ def horovod_script() -> None:
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
+    report(hvd.rank(), [p.detach().numpy() for p in model.parameters()])
 
 
 def keras_fit() -> None:
@@ -60,6 +73,7 @@ def keras_fit() -> None:
     session = hvd.setup(model, keras.optimizers.SGD(0.01))
     model.compile(optimizer=session.optimizer, loss="mse", jit_compile=False)
     session.fit(Slow(), epochs=1, verbose=0)
+    report(hvd.rank(), [keras.ops.convert_to_numpy(v) for v in model.weights])
 
 
 {"horovod-script": horovod_script, "keras-fit": keras_fit}[KIND]()
