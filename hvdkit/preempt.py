@@ -36,11 +36,12 @@ INTERVAL_S = 0.5
 MAX_GAP = 1000
 
 AFTERMATH = re.compile(
-    r"^(Process \d+ exit with status code (75|143)\.|Terminating remaining workers after failure "
-    r"of Process \d+\.|Terminated)$"
+    r"^(Process \d+ exit with status code (75|137|143)\.|Terminating remaining workers after "
+    r"failure of Process \d+\.|Terminated)$"
 )
 """What horovodrun and the shell say as the ranks exit after a preemption checkpoint (the
-first rank out makes horovodrun stop the rest, which are past the checkpoint by then)."""
+first rank out makes horovodrun stop the rest, which are past the checkpoint by then: SIGTERM,
+then SIGKILL after its grace period for a rank still tearing down)."""
 
 EXTRA = "hvdkit.preempted"
 """The checkpoint's ``extra`` entry for a preempted run's position (not shown in ``resumed``)."""

@@ -4,16 +4,19 @@ real Slurm test is tests/test_slurm.py)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 
+from hvdkit.launch import direct
 from hvdkit.launch.allocation import (
     AllocationError,
     detect,
     expand_counts,
     expand_nodelist,
 )
-from hvdkit.launch import direct
 from hvdkit.launch.hostfile import HostfileError
 
 
@@ -260,6 +263,30 @@ def test_ranks_space_their_exchanges_alike_and_stop_at_the_same_step():
     assert started_at[0][:4] == [1, 2, 7, 12]  # every step until a step time is known, then 5
     assert step == started_at[0][-1] + 1 and step > 20
     assert ranks[0].describe() == "SIGUSR1"
+
+
+def test_after_the_checkpoint_horovodruns_stop_of_the_other_ranks_is_expected():
+    """The first rank out after a preemption checkpoint makes horovodrun stop the rest (SIGTERM,
+    then SIGKILL after its grace period): its account of that is not reported as a failure,
+    and a rank that uninstalled the handlers dies of that SIGTERM instead of ignoring it."""
+    from hvdkit import preempt
+
+    for code in (75, 137, 143):
+        assert preempt.AFTERMATH.match(f"Process 1 exit with status code {code}.")
+    assert preempt.AFTERMATH.match("Terminating remaining workers after failure of Process 0.")
+    assert not preempt.AFTERMATH.match("Process 1 exit with status code 1.")
+    child = (
+        "import os, signal, time\n"
+        "from hvdkit import preempt\n"
+        "p = preempt.Preemption(preempt.alone, preempt.agreed)\n"
+        "assert p.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)\n"
+        "assert p.received == signal.SIGTERM\n"
+        "p.uninstall()\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
 
 
 def test_relay_finds_the_guards_below_horovodrun():

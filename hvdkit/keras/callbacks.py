@@ -264,6 +264,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         # On a line of its own: Keras's progress bar has not ended its line mid-epoch.
         rank_zero.print0("\n" + preempt.announce(by, self._epoch, batch + 1, step, path))
+        self._preempt.uninstall()  # horovodrun's SIGTERM, once a rank is out, stops this one
         raise preempt.Preempted()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

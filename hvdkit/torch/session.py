@@ -181,6 +181,7 @@ class Session:
             preempt.announce(self._preempt.describe(), self.epoch, batches, self.step_count, path),
             flush=True,
         )
+        self._preempt.uninstall()  # horovodrun's SIGTERM, once a rank is out, stops this one
         raise preempt.Preempted()
 
     model = property(lambda self: self._adapter.model)
