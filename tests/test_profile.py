@@ -1,6 +1,6 @@
 """`hvdkit run --profile` with real processes: the seed's slow-input example shown
 input-bound, a straggler named, a script written for Horovod profiled with no change, and
-Keras's fit on both backends. Timings are never asserted, only which phase dominates where one
+Keras's fit on both backends, and a TensorFlow custom loop (compiled and eager). Timings are never asserted, only which phase dominates where one
 dominates by construction (a 2 ms read per sample against a step of a few ms)."""
 
 from __future__ import annotations
@@ -84,3 +84,24 @@ def test_keras_fit_is_profiled_on_both_backends(tmp_path, backend):
         assert profile["ranks"][0]["phases_ms"]["communication"] > 0
     else:  # one compiled graph per step: only its time is known, and the report says so
         assert profile["ranks"][0]["compiled"] and profile["verdict"]["bound"] == "unknown"
+
+
+def test_a_tensorflow_custom_loop_is_profiled_compiled_and_eager(tmp_path):
+    """Horovod's TF2 example's shape through the drop-in module: a tf.function step over a
+    DistributedGradientTape and a plain Keras optimizer, its batches from a slow tf.data
+    generator. Compiled, each call of the step is one step timed whole and the wait for
+    batches apart (input-bound); eager, every phase is timed. All three runs, and the ranks
+    of each, end with the same weights as the unprofiled run."""
+    worker = str(WORKERS / "profile_worker.py")
+    out, compiled = profiled(tmp_path / "compiled", worker, "tf-tape")
+    digests = [r["digest"] for r in results(out).values()]
+    assert compiled["ranks"][0]["compiled"] and compiled["ranks"][0]["steps"] == 24 - 2
+    assert compiled["verdict"]["bound"] == "input", compiled["verdict"]
+    out, eager = profiled(tmp_path / "eager", worker, "tf-tape", "eager")
+    digests += [r["digest"] for r in results(out).values()]
+    assert not eager["ranks"][0]["compiled"] and eager["ranks"][0]["steps"] == 24 - 1
+    for rank in eager["ranks"]:
+        phases = rank["phases_ms"]
+        assert phases["data"] > 0 and phases["communication"] > 0 and phases["optimizer"] > 0
+    digests += [r["digest"] for r in results(launched(worker, "tf-tape")).values()]
+    assert len(digests) == 6 and len(set(digests)) == 1

@@ -89,6 +89,11 @@ def test_compiled_steps_say_so_rather_than_calling_everything_compute():
     v = report.build([record])["verdict"]
     assert v["bound"] == "unknown" and "run_eagerly=True" in v["advice"][0]
     assert "verdict: unknown (compiled steps)" in report.table(report.build([record]))
+    # A custom loop's wait for its tf.data batches is timed outside the graph: over half the
+    # step is input-bound, whatever the graph holds.
+    waiting = _record(0, (0.03, 0.02, 0, 0, 0))
+    waiting["compiled"] = True
+    assert report.build([waiting])["verdict"]["bound"] == "input"
 
 
 def test_the_closing_text_and_files(tmp_path):

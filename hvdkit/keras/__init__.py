@@ -36,6 +36,7 @@ from hvdkit.keras import elastic as elastic  # hvd.elastic, as in horovod.tensor
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.layers import SyncBatchNormalization
 from hvdkit.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from hvdkit.profile import recorder as profile_recorder
 from hvdkit.keras.session import Session, setup
 
 
@@ -50,6 +51,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     TensorFlow backend call it before building a model: TensorFlow fixes its devices at its
     first op."""
     core.start(functools.partial(backend.init, comm, process_sets), backend.pin_device)
+    profile_recorder.get()  # under --profile: its hooks in place before the first step
 
 
 def broadcast_global_variables(root_rank: int = 0, model: keras.Model | None = None) -> None:

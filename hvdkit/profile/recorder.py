@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,6 +67,10 @@ class Recorder:
         if self._open:
             self._open.pop()
 
+    def within(self, phase: str) -> bool:
+        """Whether a ``phase`` is open now (perhaps with another inside it)."""
+        return _INDEX[phase] in self._open
+
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self.enter(name)
@@ -116,6 +121,10 @@ def get() -> Recorder | None:
             _recorder = Recorder()
             atexit.register(_write_at_exit, Path(directory))
             time_data_loaders(_recorder)
+            if "tensorflow" in sys.modules:
+                from hvdkit.profile import tf_hooks
+
+                tf_hooks.install(_recorder)
     return _recorder
 
 
@@ -141,8 +150,6 @@ def time_data_loaders(recorder: Recorder) -> Callable[[], None]:
     """Make every torch ``DataLoader`` iterator's ``next`` a ``data`` wait (scripts written for
     Horovod included: the loader is theirs); returns the undo. Done only when profiling, and
     only if torch is already imported (a Keras-on-TensorFlow job never imports it for this)."""
-    import sys
-
     if "torch" not in sys.modules:
         return lambda: None
     from torch.utils.data import dataloader

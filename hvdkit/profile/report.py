@@ -15,8 +15,9 @@ Pure but for :func:`load` and :func:`finish` (files) and the plot (:mod:`.plot`)
 ``phases_ms`` are each phase's **mean per step** (milliseconds) over the measured steps, so
 they add up to the mean step time; ``step_ms`` are the median and 90th percentile of the
 step times. The first step of each rank (set-up, graph tracing, the first allreduce's
-connections) is left out. ``bound`` is ``unknown`` when the steps ran inside a compiled
-TensorFlow graph, where only their time is known.
+connections) is left out. When the steps ran inside a compiled TensorFlow graph only their
+time is known, and the wait for batches where a custom loop takes them from a ``tf.data``
+iterator: ``bound`` is ``input`` if that wait is over half the step, else ``unknown``.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def verdict(ranks: list[dict[str, Any]], slow: dict[str, Any] | None) -> dict[st
         for name in PHASES
     }
     if any(r["compiled"] for r in ranks):
-        bound = "unknown"
+        # Only the batches' wait is timed apart from a compiled step (a custom loop's tf.data
+        # iterator): more than half of the step is input-bound whatever the graph holds.
+        bound = "input" if shares["data"] > 0.5 else "unknown"
     else:
         bound = max(BOUNDS, key=lambda b: sum(shares[p] for p in BOUNDS[b]))
     return {
@@ -122,7 +125,8 @@ def advice(bound: str, shares: dict[str, float], slow: dict[str, Any] | None) ->
         out.append(
             "the steps ran inside a compiled TensorFlow graph, where data, communication and "
             "the update cannot be timed apart: profile with model.compile(..., "
-            "run_eagerly=True) or KERAS_BACKEND=torch to see them (slower, but the shares tell)"
+            "run_eagerly=True) or KERAS_BACKEND=torch, or a custom loop with "
+            "tf.config.run_functions_eagerly(True), to see them (slower, but the shares tell)"
         )
     elif bound == "input":
         out.append(

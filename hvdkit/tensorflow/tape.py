@@ -23,6 +23,8 @@ import tensorflow as tf
 from horovod.tensorflow import Average, Compression, global_process_set
 
 from hvdkit.keras import backend
+from hvdkit.profile import recorder as profile_recorder
+from hvdkit.profile import tf_hooks
 from hvdkit.keras.optimizer import Options, checked_groups, op_name, reduce_gradients, refuse_xla
 
 
@@ -48,6 +50,8 @@ class _Distributed:
         """``tf.GradientTape.gradient``, the gradients then reduced over the ranks (but for
         the registered local sources)."""
         refuse_xla()
+        if not tf.executing_eagerly() and profile_recorder.get() is not None:
+            tf_hooks.tape_traced()
         grads = super().gradient(  # type: ignore[misc]
             target, sources, output_gradients, unconnected_gradients=unconnected_gradients
         )

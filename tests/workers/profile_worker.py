@@ -76,4 +76,45 @@ def keras_fit() -> None:
     report(hvd.rank(), [keras.ops.convert_to_numpy(v) for v in model.weights])
 
 
-{"horovod-script": horovod_script, "keras-fit": keras_fit}[KIND]()
+def tf_tape() -> None:
+    """Horovod's TensorFlow 2 example's shape: a tf.function step over a DistributedGradientTape
+    and a plain Keras optimizer, a tf.data input; eager when ``eager`` is given."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import hvdkit.tensorflow as hvd
+
+    hvd.init()
+    tf.config.run_functions_eagerly("eager" in sys.argv[2:])
+
+    def slow():
+        for i in range(24):
+            time.sleep(16 * LATENCY)
+            rng = np.random.default_rng(100 * hvd.rank() + i)
+            yield rng.normal(size=(16, 8)).astype("float32"), rng.normal(size=(16, 1))
+
+    spec = (tf.TensorSpec((16, 8), tf.float32), tf.TensorSpec((16, 1), tf.float64))
+    data = tf.data.Dataset.from_generator(slow, output_signature=spec)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.01 * hvd.size())
+
+    @tf.function
+    def training_step(x, y, first_batch):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - tf.cast(y, tf.float32)))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        if first_batch:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables, root_rank=0)
+        return loss
+
+    for batch, (x, y) in enumerate(data):
+        training_step(x, y, batch == 0)
+    report(hvd.rank(), [keras.ops.convert_to_numpy(v) for v in model.weights])
+
+
+{"horovod-script": horovod_script, "keras-fit": keras_fit, "tf-tape": tf_tape}[KIND]()
