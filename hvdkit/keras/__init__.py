@@ -36,8 +36,8 @@ from hvdkit.keras import elastic as elastic  # hvd.elastic, as in horovod.tensor
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
 from hvdkit.keras.layers import SyncBatchNormalization
 from hvdkit.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from hvdkit.profile import recorder as profile_recorder
 from hvdkit.keras.session import Session, setup
+from hvdkit.profile import recorder as profile_recorder
 
 
 def _hvd() -> Any:

@@ -66,13 +66,13 @@ def install(recorder: Recorder) -> Callable[[], None]:
         recorder.step_done()
         return out
 
-    iterator.__next__ = timed_next  # type: ignore[method-assign]
-    function.__call__ = timed_call  # type: ignore[method-assign]
-    optimizer.apply = timed_apply  # type: ignore[method-assign]
+    iterator.__next__ = timed_next
+    function.__call__ = timed_call
+    optimizer.apply = timed_apply
 
     def undo() -> None:
-        iterator.__next__ = plain_next  # type: ignore[method-assign]
-        function.__call__ = plain_call  # type: ignore[method-assign]
-        optimizer.apply = plain_apply  # type: ignore[method-assign]
+        iterator.__next__ = plain_next
+        function.__call__ = plain_call
+        optimizer.apply = plain_apply
 
     return undo

@@ -23,9 +23,9 @@ import tensorflow as tf
 from horovod.tensorflow import Average, Compression, global_process_set
 
 from hvdkit.keras import backend
+from hvdkit.keras.optimizer import Options, checked_groups, op_name, reduce_gradients, refuse_xla
 from hvdkit.profile import recorder as profile_recorder
 from hvdkit.profile import tf_hooks
-from hvdkit.keras.optimizer import Options, checked_groups, op_name, reduce_gradients, refuse_xla
 
 
 class _Distributed:
