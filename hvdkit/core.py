@@ -93,6 +93,7 @@ class SetupConfig:
     root_rank: int = 0
     elastic: bool = False
     commit_every: int = 10
+    shard_optimizer: bool = False
 
     def __post_init__(self) -> None:
         if self.lr_scaling not in LR_POLICIES:
@@ -122,6 +123,11 @@ class SetupConfig:
             raise ValueError("backward_passes_per_step must be >= 1")
         if self.commit_every < 1:
             raise ValueError(f"commit_every={self.commit_every}: commit every 1 step or more")
+        if self.shard_optimizer and self.elastic:
+            raise ValueError(
+                "shard_optimizer=True with elastic=True is not supported yet: ranks that join "
+                "after a reset hold no slice of the optimizer state. Fix: one of the two"
+            )
         if self.elastic and self.root_rank != 0:
             raise ValueError(
                 "elastic=True needs root_rank=0: after a reset, rank 0 holds the state"

@@ -39,6 +39,15 @@ class Job:
     compression: str = "none"  # "fp16": each rank's gradient and their sum in float16
     op: str = "average"  # "sum": the ranks' gradients summed, the LR not scaled
     elastic: bool = False
+    optimizer: str = "sgd"  # "adam", "adamw": see OPTIMIZERS
+
+
+OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr, weight_decay=0.1),
+}
+"""The job's optimizer by name: the worker builds the same one."""
 
 
 def order(length: int, epoch: int, seed: int = 0) -> list[int]:
@@ -61,7 +70,7 @@ def multiplier(step: int, factor: int, warmup: int) -> float:
 def run(job: Job, dataset, model: torch.nn.Module) -> dict:
     """Train ``model`` as the job's ranks would; the final weights (flat), LR in force, steps,
     and for each epoch every sample index trained (with multiplicity)."""
-    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.9)
+    opt = OPTIMIZERS[job.optimizer](model.parameters(), job.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5) if job.scheduler else None
     params = list(model.parameters())
     segments = list(job.segments)

@@ -21,6 +21,7 @@ from hvdkit.core import Adapter, SetupConfig, Topology
 from hvdkit.devices import pin
 from hvdkit.lr import Warmup
 from hvdkit.position import Position
+from hvdkit.torch import zero
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -82,6 +83,7 @@ class TorchAdapter(Adapter):
         self.scaler: Any = None  # the AMP GradScaler the session steps with, once it has one
         self.scaler_state: dict[str, Any] | None = None  # a resumed one's, until it is given
         self.legacy_batches = 0  # a checkpoint from before positions: batches of its epoch
+        self.resumed_optimizer: dict[str, Any] | None = None  # the root's, for sharded ranks
 
     # The position's counters under the names the hooks and the LR step use.
     step_count = property(
@@ -105,13 +107,18 @@ class TorchAdapter(Adapter):
 
     def _wrap_optimizer(self) -> None:
         cfg = self.config
-        self.optimizer = DistributedOptimizer(
-            self.optimizer,
-            named_parameters=self.model.named_parameters(),
-            compression=_COMPRESSION[cfg.compression],
-            backward_passes_per_step=cfg.backward_passes_per_step,
-            op=_OPS[cfg.op],
-        )
+        if cfg.shard_optimizer:
+            self.optimizer = zero.ShardedOptimizer(
+                self.optimizer, compression=_COMPRESSION[cfg.compression], op=_OPS[cfg.op]
+            )
+        else:
+            self.optimizer = DistributedOptimizer(
+                self.optimizer,
+                named_parameters=self.model.named_parameters(),
+                compression=_COMPRESSION[cfg.compression],
+                backward_passes_per_step=cfg.backward_passes_per_step,
+                op=_OPS[cfg.op],
+            )
         if cfg.backward_passes_per_step > 1:
             inner_zero_grad = self.optimizer.zero_grad
 
@@ -166,7 +173,11 @@ class TorchAdapter(Adapter):
     def _load_checkpoint(self, state: dict[str, Any]) -> None:
         try:
             self.model.load_state_dict(state["model"])
-            load_optimizer_state_(self.optimizer, state["optimizer"])
+            if self.config.shard_optimizer:  # its slice; the other ranks take theirs later
+                self.optimizer.load_state_dict(state["optimizer"])
+                self.resumed_optimizer = state["optimizer"]
+            else:
+                load_optimizer_state_(self.optimizer, state["optimizer"])
             if self.scheduler is not None and state.get("scheduler") is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as exc:
@@ -183,7 +194,14 @@ class TorchAdapter(Adapter):
 
     def _broadcast_state(self) -> None:
         broadcast_parameters(self.model.state_dict(), self.config.root_rank)
-        broadcast_optimizer_state(self.optimizer, self.config.root_rank)
+        if self.config.shard_optimizer:
+            # Every rank keeps its slice of the root's whole state (None: nothing resumed).
+            resumed = self._broadcast_object(self.resumed_optimizer)
+            if resumed is not None and not self.is_root:
+                self.optimizer.load_state_dict(resumed)
+            self.resumed_optimizer = None
+        else:
+            broadcast_optimizer_state(self.optimizer, self.config.root_rank)
 
     def _resume_info(self, state: dict[str, Any]) -> dict[str, Any]:
         info = {k: state[k] for k in ("step", "epoch", "extra", "scheduler", "rng")}
@@ -227,12 +245,15 @@ class TorchAdapter(Adapter):
             time.sleep(0.01)
         hvd.synchronize(handle)
 
-    def _gather_for_checkpoint(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
-        return hvd.allgather_object(rng_state(), name="hvdkit.rng")
+    def _gather_for_checkpoint(self, extra: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
+        # A sharded optimizer's state_dict() gathers the slices: collective, so here.
+        optimizer = self.optimizer.state_dict() if self.config.shard_optimizer else None
+        return hvd.allgather_object(rng_state(), name="hvdkit.rng"), optimizer
 
     def _checkpoint_state(
         self, extra: dict[str, Any], next_epoch: int, gathered: Any
     ) -> dict[str, Any]:
+        rng, optimizer = gathered
         position = self.position.state_dict()
         if next_epoch != self.position.epoch:  # the end of an epoch: the next one from its start
             position.update(epoch=next_epoch, samples=0)
@@ -241,12 +262,12 @@ class TorchAdapter(Adapter):
             "position": position,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer if optimizer is not None else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "step": self.step_count,
             "epoch": next_epoch,
             "extra": extra,
-            "rng": gathered,
+            "rng": rng,
             "world_size": hvd.size(),
         }
 

@@ -90,7 +90,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     )
     wrapped.zero_grad = types.MethodType(_zero_grad, wrapped)
     if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
-        _tell_schedulers(optimizer, wrapped)
+        tell_schedulers(optimizer, wrapped)
     recorder = profile_recorder.get()
     if recorder is not None:
         _profile(wrapped, recorder)
@@ -117,7 +117,7 @@ def _profile(wrapped: Any, recorder: profile_recorder.Recorder) -> None:
     wrapped.step = timed_step
 
 
-def _tell_schedulers(optimizer: torch.optim.Optimizer, wrapped: torch.optim.Optimizer) -> None:
+def tell_schedulers(optimizer: torch.optim.Optimizer, wrapped: torch.optim.Optimizer) -> None:
     """An LR scheduler made on ``optimizer`` before it was wrapped checks, at its first step,
     that ``optimizer`` stepped (torch's wrapper of ``optimizer.step`` sets ``_opt_called``);
     the steps go through ``wrapped`` now, so they set it too. Otherwise torch warns "Detected
@@ -173,6 +173,12 @@ def step_or_accumulate(
     )
 
 
+def _all_parameters(optimizer: Any, parameters: list[torch.Tensor] | None) -> bool:
+    """Whether ``parameters`` (None: all) are the optimizer's, every one."""
+    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return parameters is None or {id(p) for p in parameters} >= mine
+
+
 def reduce_and_step(
     optimizer: Any,
     *,
@@ -182,9 +188,21 @@ def reduce_and_step(
 ) -> torch.Tensor | None:
     """Reduce what the backward passes so far left (all of them, even fewer than
     ``backward_passes_per_step``), (unscale, clip,) step; the gradient norm when clipping."""
+    sharded = getattr(optimizer, "sharded", False)
+    if parameters is not None:
+        parameters = list(parameters)
+    if sharded and (scaler is not None or not _all_parameters(optimizer, parameters)):
+        raise ValueError(
+            "shard_optimizer=True: a GradScaler and clipping a subset of the parameters are "
+            "not supported with a sharded optimizer yet (each rank holds its slice of the "
+            "reduced gradient). Fix: bf16 autocast (no scaler needed) with clip_grad_norm over "
+            "all parameters, or shard_optimizer=False"
+        )
     optimizer.synchronize()
     norm = None
-    if clip_grad_norm is not None:
+    if clip_grad_norm is not None and sharded:
+        norm = optimizer.clip_grad_norm_(clip_grad_norm)
+    elif clip_grad_norm is not None:
         if scaler is not None:
             scaler.unscale_(optimizer)
         params = (

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,9 @@ import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 from torch.utils.data import Dataset
 
 import hvdkit.torch as hvd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the oracle's table
+from seams import OPTIMIZERS  # noqa: E402
 
 SAMPLES, FEATURES, CLASSES = 96, 8, 3
 
@@ -67,11 +71,13 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=0, help="elastic: SIGKILL at this step")
     parser.add_argument("--kill-host", default="127.0.0.1")
     parser.add_argument("--marker", help="elastic: the file that says the kill happened")
+    parser.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
+    parser.add_argument("--shard-optimizer", action="store_true")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
 
     model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = OPTIMIZERS[args.optimizer](model.parameters(), 0.05)
     scheduler = (
         torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
         if args.scheduler
@@ -89,6 +95,7 @@ def main() -> None:
         lr_scaling="none" if args.op == "sum" else "size",
         elastic=args.elastic,
         commit_every=args.commit,
+        shard_optimizer=args.shard_optimizer,
     )
     step_options = {"clip_grad_norm": 1.0} if args.amp else {}
     resets: list[list[int]] = []  # elastic: [step, size] after each reset

@@ -1,0 +1,361 @@
+"""ZeRO stage 1 on Horovod's collectives: each rank keeps the optimizer state of its shard
+only (``hvdkit.torch.setup(..., shard_optimizer=True)``).
+
+Each param group's parameters are laid out as one flat buffer, padded to a multiple of the
+world size, and rank ``r`` owns the ``r``-th equal slice of it (:class:`Layout`, pure): a single
+large tensor is split across ranks like everything else. A step:
+
+1. the group's gradients, flattened, are reduce-scattered (averaged), so each rank holds the
+   reduced gradient of its slice only;
+2. an inner optimizer of the user's class, built over one flat shard tensor per group with the
+   group's hyperparameters, updates the slice (its state is the slice's: 1/N of the whole);
+3. the updated slices are all-gathered and copied into the parameters.
+
+Reduce-scatter and all-gather move together what one ring allreduce moves: 2 (N-1)/N of the
+gradient bytes. The slice's parameters are copied from the model at every step, so anything
+that sets the weights (a broadcast, a resume, an elastic restore) is picked up.
+
+``state_dict()`` is collective: it gathers the slices into the state a plain optimizer of the
+same class would have, keyed as torch keys it, so a checkpoint does not depend on the world
+size; ``load_state_dict`` takes such a state and keeps this rank's slice of it (a sharded run
+resumes a plain run's checkpoint and the other way round, at any ``-np``). The layout follows
+the world size, so an elastic reset re-partitions at the next load or step.
+
+Stage 2 (sharded gradients) is not done: autograd writes each parameter's full gradient, and
+freeing them early needs per-parameter hooks that reduce-scatter during the backward pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+from hvdkit.torch.functions import load_optimizer_state_
+from hvdkit.torch.optimizer import tell_schedulers
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each of a group's parameters lies in its flat buffer, and which slice a rank
+    owns. Pure."""
+
+    numels: tuple[int, ...]
+    size: int
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        out, at = [], 0
+        for n in self.numels:
+            out.append(at)
+            at += n
+        return tuple(out)
+
+    @property
+    def total(self) -> int:
+        """The padded length: the smallest multiple of ``size`` that holds every element."""
+        used = sum(self.numels)
+        return max(1, -(-used // self.size)) * self.size
+
+    @property
+    def shard(self) -> int:
+        return self.total // self.size
+
+    def owned(self, rank: int) -> tuple[int, int]:
+        """``[start, end)`` of the flat buffer that ``rank`` owns."""
+        return rank * self.shard, (rank + 1) * self.shard
+
+    def pieces(self, rank: int) -> list[tuple[int, int, int]]:
+        """``(parameter index, start in it, end in it)`` of each parameter overlapping
+        ``rank``'s slice, in order (padding excluded)."""
+        start, end = self.owned(rank)
+        out = []
+        for i, (offset, n) in enumerate(zip(self.offsets, self.numels, strict=True)):
+            lo, hi = max(start, offset), min(end, offset + n)
+            if lo < hi:
+                out.append((i, lo - offset, hi - offset))
+        return out
+
+
+class _Group:
+    """One param group's layout at the current world size, and its flat shard parameter."""
+
+    def __init__(self, params: list[torch.Tensor], size: int, rank: int) -> None:
+        self.params = params
+        self.layout = Layout(tuple(p.numel() for p in params), size)
+        self.rank = rank
+        first = params[0]
+        self.shard = torch.zeros(self.layout.shard, dtype=first.dtype, device=first.device)
+
+    def load_params(self) -> None:
+        """This rank's slice of the parameters, into the shard."""
+        at = 0
+        for i, lo, hi in self.layout.pieces(self.rank):
+            n = hi - lo
+            self.shard[at : at + n].copy_(self.params[i].detach().reshape(-1)[lo:hi])
+            at += n
+
+    def flat(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+        """The group's per-parameter tensors (None: zeros) as one padded flat buffer."""
+        parts = [
+            t.detach().reshape(-1) if t is not None else torch.zeros_like(p).reshape(-1)
+            for t, p in zip(tensors, self.params, strict=True)
+        ]
+        pad = self.layout.total - sum(self.layout.numels)
+        if pad:
+            parts.append(self.shard.new_zeros(pad))
+        return torch.cat(parts)
+
+    def unflat(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """A padded flat buffer as one tensor per parameter, each shaped like it."""
+        return [
+            flat[o : o + n].view_as(p)
+            for o, n, p in zip(self.layout.offsets, self.layout.numels, self.params, strict=True)
+        ]
+
+    def mine(self, flat: torch.Tensor) -> torch.Tensor:
+        start, end = self.layout.owned(self.rank)
+        return flat[start:end]
+
+
+class _Sharded:
+    """Put in front of the user's optimizer class (see :func:`ShardedOptimizer`): the outer
+    object keeps the user's param groups (schedulers, the LR multiplier and clipping see full
+    parameters); the state lives in ``_hvdkit_inner``, over the shards."""
+
+    param_groups: list[dict[str, Any]]
+    state: Any
+    _hvdkit_base: type
+    _hvdkit_inner: torch.optim.Optimizer | None
+    _hvdkit_template: dict[str, Any]
+    _hvdkit_groups: list[_Group]
+    _hvdkit_world: tuple[int, int]
+    _hvdkit_compression: Any
+    _hvdkit_op: Any
+    _synchronized: bool
+    _should_synchronize: bool
+
+    sharded = True
+
+    def _hvdkit_partition(self) -> None:
+        """(Re)build the layout and the inner optimizer for the current world, when it
+        changed (the first step, an elastic reset); the inner state is then the slice of the
+        state a gather gives, so nothing is lost."""
+        world = (hvd.size(), hvd.rank())
+        if self._hvdkit_inner is not None and world == self._hvdkit_world:
+            return
+        full = self._hvdkit_full_state() if self._hvdkit_inner is not None else None
+        self._hvdkit_world = world
+        self._hvdkit_groups = [_Group(list(g["params"]), *world) for g in self.param_groups]
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [s.shard]}
+            for g, s in zip(self.param_groups, self._hvdkit_groups, strict=True)
+        ]
+        # The user's optimizer as it was given (its settings, hooks, flags), over the shards:
+        # no constructor call, whose arguments a class need not keep.
+        inner: Any = object.__new__(type(self)._hvdkit_base)
+        inner.__dict__.update(self._hvdkit_template)
+        inner.param_groups, inner.state = groups, collections.defaultdict(dict)
+        self._hvdkit_inner = inner
+        if full is not None:
+            self._hvdkit_take_state(full)
+
+    def synchronize(self) -> None:
+        """Reduce-scatter the gradients: each rank gets the average of its slice."""
+        self._hvdkit_partition()
+        assert self._hvdkit_inner is not None
+        for i, group in enumerate(self._hvdkit_groups):
+            flat = group.flat([p.grad for p in group.params])
+            reduced = hvd.reducescatter(
+                flat, name=f"hvdkit.zero.grad.{i}", op=self._hvdkit_op,
+                compression=self._hvdkit_compression,
+            )  # fmt: skip
+            group.shard.grad = reduced.to(group.shard.dtype)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Horovod's: ``step()`` inside uses the reduction ``synchronize()`` did."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Reduce-scatter (unless ``synchronize()`` did), update this rank's slice with the
+        groups' current hyperparameters, all-gather the slices into the parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._synchronized:
+            self.synchronize()
+        inner = self._hvdkit_inner
+        assert inner is not None
+        for outer, mine, group in zip(
+            self.param_groups, inner.param_groups, self._hvdkit_groups, strict=True
+        ):
+            mine.update({k: v for k, v in outer.items() if k != "params"})
+            group.load_params()
+        inner.step()
+        with torch.no_grad():
+            for i, group in enumerate(self._hvdkit_groups):
+                gathered = hvd.allgather(group.shard.detach(), name=f"hvdkit.zero.param.{i}")
+                for param, value in zip(group.params, group.unflat(gathered), strict=True):
+                    param.copy_(value)
+                group.shard.grad = None
+        self._synchronized = False
+        return loss
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """After ``synchronize()``: ``torch.nn.utils.clip_grad_norm_`` of the whole reduced
+        gradient, its norm summed over the slices (an allreduce of one number)."""
+        squares = sum(
+            (group.shard.grad.float() ** 2).sum()
+            for group in self._hvdkit_groups
+            if group.shard.grad is not None
+        )
+        total = hvd.allreduce(
+            torch.as_tensor(squares, dtype=torch.float32), op=hvd.Sum, name="hvdkit.zero.norm"
+        ).sqrt()
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for group in self._hvdkit_groups:
+            if group.shard.grad is not None:
+                group.shard.grad.mul_(scale.to(group.shard.grad.dtype))
+        return total
+
+    def _hvdkit_full_state(self) -> dict[torch.Tensor, dict[str, Any]]:
+        """Collective: every parameter's state, as a plain optimizer would hold it."""
+        inner = self._hvdkit_inner
+        full: dict[torch.Tensor, dict[str, Any]] = {}
+        if inner is None:
+            return full
+        for i, group in enumerate(self._hvdkit_groups):
+            entries = inner.state.get(group.shard, {})
+            per_param: list[dict[str, Any]] = [{} for _ in group.params]
+            for key in sorted(entries):
+                value = entries[key]
+                if key != "step" and torch.is_tensor(value) and value.shape == group.shard.shape:
+                    gathered = hvd.allgather(value.detach(), name=f"hvdkit.zero.state.{i}.{key}")
+                    for entry, piece in zip(per_param, group.unflat(gathered), strict=True):
+                        entry[key] = piece.clone()
+                else:
+                    for entry in per_param:
+                        entry[key] = copy.deepcopy(value)
+            for param, entry in zip(group.params, per_param, strict=True):
+                if entry:
+                    full[param] = entry
+        return full
+
+    def _hvdkit_take_state(self, full: dict[torch.Tensor, dict[str, Any]]) -> None:
+        """Keep this rank's slice of ``full`` (every parameter's state) in the inner
+        optimizer."""
+        inner = self._hvdkit_inner
+        assert inner is not None
+        inner.state.clear()
+        for group in self._hvdkit_groups:
+            present = [full.get(p, {}) for p in group.params]
+            keys = {k for entry in present for k in entry}
+            if not keys:
+                continue
+            state: dict[str, Any] = {}
+            for key in sorted(keys):
+                values = [entry.get(key) for entry in present]
+                sample = next(v for v in values if v is not None)
+                if key != "step" and all(
+                    v is None or (torch.is_tensor(v) and v.shape == p.shape)
+                    for v, p in zip(values, group.params, strict=True)
+                ):
+                    flat = group.flat(values)
+                    dtype = group.shard.dtype if flat.is_floating_point() else flat.dtype
+                    state[key] = group.mine(flat).to(group.shard.device, dtype).clone()
+                else:  # the same on every parameter (Adam's step count)
+                    state[key] = copy.deepcopy(sample)
+            inner.state[group.shard] = state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective (every rank calls it): the state a plain optimizer of this class would
+        have, in torch's format. Independent of the world size."""
+        full = self._hvdkit_full_state()
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: entry for p, entry in full.items()}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A plain (or gathered) optimizer state: the groups' hyperparameters, and this
+        rank's slice of the per-parameter state. Every rank must be given the same one."""
+        plain = _Plain(self.param_groups)
+        load_optimizer_state_(plain, state_dict)  # type: ignore[arg-type]
+        self._hvdkit_inner = None  # rebuilt for the current world, then given the slice
+        self._hvdkit_partition()
+        self._hvdkit_take_state(dict(plain.state))
+
+
+class _Plain:
+    """Just what :func:`load_optimizer_state_` reads and writes of an optimizer."""
+
+    def __init__(self, param_groups: list[dict[str, Any]]) -> None:
+        self.param_groups = param_groups
+        self.state: dict[torch.Tensor, dict[str, Any]] = {}
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedOptimizer
+    optimizer: torch.optim.Optimizer,
+    compression: Any = hvd.Compression.none,
+    op: Any = hvd.Average,
+) -> torch.optim.Optimizer:
+    """``optimizer`` (any ``torch.optim.Optimizer``, not yet stepped) with its state sharded
+    across the ranks, ZeRO stage 1 (see the module's text). It is still an instance of the
+    optimizer's class, with the same param-group dicts, so an LR scheduler built on it goes
+    on working; ``synchronize()``/``skip_synchronize()`` are Horovod's."""
+    if any(optimizer.state.values()):
+        raise ValueError(
+            "shard_optimizer=True: the optimizer has state already (it has stepped); "
+            "give setup() a fresh optimizer and resume its state from a checkpoint"
+        )
+    for group in optimizer.param_groups:
+        kinds = sorted({f"{p.dtype} on {p.device}" for p in group["params"]})
+        if len(kinds) > 1:
+            raise ValueError(
+                f"shard_optimizer=True: a param group mixes {', '.join(kinds)}; put the "
+                "parameters of each dtype and device in a param group of their own"
+            )
+    base = type(optimizer)
+    if base not in _CLASSES:
+        _CLASSES[base] = type(
+            base.__name__, (_Sharded, base), {"__module__": base.__module__, "_hvdkit_base": base}
+        )
+    sharded: Any = object.__new__(_CLASSES[base])
+    # Not the instance's own ``step``: an LR scheduler replaced it with a wrapper of the
+    # plain optimizer's step (told apart below, as DistributedOptimizer does).
+    own = {k: v for k, v in vars(optimizer).items() if k != "step"}
+    sharded.__dict__.update(own)
+    sharded._hvdkit_template = dict(own)
+    sharded._hvdkit_inner = None
+    sharded._hvdkit_groups = []
+    sharded._hvdkit_world = (0, 0)
+    sharded._hvdkit_compression = compression
+    sharded._hvdkit_op = op
+    sharded._synchronized = False
+    sharded._should_synchronize = True
+    sharded._handles = {}
+    sharded._allreduce_delay = {}
+    sharded.backward_passes_per_step = 1
+    if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
+        tell_schedulers(optimizer, sharded)
+    return sharded

@@ -1,0 +1,35 @@
+"""hvdkit.torch.zero's layout (pure): flat buffers padded to the world size, each rank an equal
+slice, a single large tensor split across ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdkit.torch.zero import Layout
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+@pytest.mark.parametrize("numels", [(128, 8, 24, 3), (1,), (1000,), (5, 0, 7)])
+def test_every_element_is_owned_by_exactly_one_rank(numels, size):
+    layout = Layout(numels, size)
+    assert layout.total % size == 0 and layout.total >= sum(numels)
+    assert layout.total - sum(numels) < size or sum(numels) == 0  # the least padding
+    seen = {i: [0] * n for i, n in enumerate(numels)}
+    for rank in range(size):
+        start, end = layout.owned(rank)
+        assert end - start == layout.shard
+        at = start
+        for i, lo, hi in layout.pieces(rank):
+            assert layout.offsets[i] + lo == at  # the pieces are the slice, in order
+            at += hi - lo
+            for k in range(lo, hi):
+                seen[i][k] += 1
+        assert at <= end
+    assert all(count == 1 for counts in seen.values() for count in counts)
+
+
+def test_one_large_tensor_is_split_across_the_ranks():
+    layout = Layout((1000, 10), 4)
+    assert [layout.pieces(r) for r in range(4)] == [
+        [(0, 0, 253)], [(0, 253, 506)], [(0, 506, 759)], [(0, 759, 1000), (1, 0, 10)]
+    ]
