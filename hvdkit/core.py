@@ -79,6 +79,8 @@ class SetupConfig:
     ``resume`` it is loaded on rank 0 and broadcast when it exists. ``elastic`` makes the
     session survive lost and added workers (``hvdkit run --min-np``), committing its state in
     memory every ``commit_every`` optimizer steps and at each epoch end.
+    ``shard_optimizer=True`` (torch only, not with ``elastic``): ZeRO stage 1, each rank
+    keeps the optimizer state of its slice of the parameters (:mod:`hvdkit.torch.zero`).
     """
 
     lr_scaling: LrScaling = "size"
@@ -155,6 +157,7 @@ class SetupOptions(TypedDict, total=False):
     root_rank: int
     elastic: bool
     commit_every: int
+    shard_optimizer: bool
 
 
 def start(init: Callable[[], Topology], pin_device: Callable[[Topology], None]) -> Topology:

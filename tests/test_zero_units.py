@@ -33,3 +33,10 @@ def test_one_large_tensor_is_split_across_the_ranks():
     assert [layout.pieces(r) for r in range(4)] == [
         [(0, 0, 253)], [(0, 253, 506)], [(0, 506, 759)], [(0, 759, 1000), (1, 0, 10)]
     ]
+
+
+def test_elastic_sharding_is_refused_with_the_fix():
+    from hvdkit.core import SetupConfig
+
+    with pytest.raises(ValueError, match="shard_optimizer=True with elastic=True"):
+        SetupConfig(shard_optimizer=True, elastic=True)

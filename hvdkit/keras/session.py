@@ -163,6 +163,11 @@ def setup(
         model.fit(x_shard, y_shard, epochs=10, callbacks=callbacks, verbose=1)
     """
     config = SetupConfig(checkpoint=Path(checkpoint) if checkpoint else None, **options)
+    if config.shard_optimizer:
+        raise ValueError(
+            "shard_optimizer=True is not supported by hvdkit.keras yet (hvdkit.torch.setup "
+            "has it): train with shard_optimizer=False"
+        )
     adapter = KerasAdapter(model, optimizer, config)
     adapter.setup()
     if adapter.resumed is not None:

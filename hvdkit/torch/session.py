@@ -394,7 +394,12 @@ def setup(
 
     ``options`` are :class:`hvdkit.core.SetupConfig` fields: ``lr_scaling``,
     ``warmup_epochs``/``warmup_steps`` (+ ``steps_per_epoch``), ``op``, ``compression``,
-    ``backward_passes_per_step``, ``resume``, ``root_rank``, ``elastic``, ``commit_every``.
+    ``backward_passes_per_step``, ``resume``, ``root_rank``, ``elastic``, ``commit_every``,
+    ``shard_optimizer``.
+
+    ``shard_optimizer=True`` (ZeRO stage 1, :mod:`hvdkit.torch.zero`): each rank keeps the
+    optimizer state of its 1/N slice of the parameters only; checkpoints hold the plain
+    optimizer's state, so they move between sharded and plain runs at any number of ranks.
 
     ``elastic=True`` (under ``hvdkit run --min-np``): the same loop survives lost and added
     workers. The session commits in memory every ``commit_every`` steps and at each epoch
