@@ -44,7 +44,7 @@ from hvdkit.checkpoint import CheckpointError, plain_extra
 from hvdkit.lr import LR_POLICIES, LrScaling, Warmup, scale_factor, warmup_steps
 
 ReduceOp = Literal["average", "sum", "adasum"]
-CompressionName = Literal["none", "fp16"]
+CompressionName = Literal["none", "fp16", "bf16"]
 OPS: tuple[str, ...] = get_args(ReduceOp)
 COMPRESSIONS: tuple[str, ...] = get_args(CompressionName)
 

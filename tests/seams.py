@@ -36,7 +36,7 @@ class Job:
     segments: list[Segment] = field(default_factory=lambda: [Segment(2)])
     lr: float = 0.05
     amp: bool = False  # bf16 autocast for the forward pass, gradients clipped to norm 1
-    compression: str = "none"  # "fp16": each rank's gradient and their sum in float16
+    compression: str = "none"  # "fp16"/"bf16": each rank's gradient and their mean in it
     op: str = "average"  # "sum": the ranks' gradients summed, the LR not scaled
     elastic: bool = False
     optimizer: str = "sgd"  # "adam", "adamw": see OPTIMIZERS
@@ -86,13 +86,17 @@ def run(job: Job, dataset, model: torch.nn.Module) -> dict:
         nonlocal step, micro
         # Horovod's optimizer reduces nothing at size 1 (it registers no hooks there, so its
         # synchronize() has no parameters to send) unless the job is elastic.
-        compress = job.compression == "fp16" and (len(accumulated) > 1 or job.elastic)
-        wire = [[g.half().float() if compress else g for g in rank] for rank in accumulated]
+        compress = job.compression != "none" and (len(accumulated) > 1 or job.elastic)
+        dtype = torch.bfloat16 if job.compression == "bf16" else torch.float16
+        wire = [[g.to(dtype).float() if compress else g for g in rank] for rank in accumulated]
         for i, p in enumerate(params):
             total = torch.stack([rank[i] for rank in wire]).sum(0)
-            if compress:  # the reduced value travels back in float16 too
+            if compress and job.compression == "fp16":  # Horovod sums in float16
                 total = total.half().float()
-            p.grad = total if job.op == "sum" else total / len(wire)
+            total = total if job.op == "sum" else total / len(wire)
+            if compress and job.compression == "bf16":  # hvdkit sums in float32, rounds once
+                total = total.bfloat16().float()
+            p.grad = total
         if job.amp:
             torch.nn.utils.clip_grad_norm_(params, 1.0)
         base = opt.param_groups[0]["lr"]

@@ -6,13 +6,18 @@ oracle's (to the path tolerance: a reduce-scatter sums in another order than one
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import seams
 import torch
+from conftest import ROOT, WORKERS, results
 from test_seams import assert_like_the_oracle, job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
@@ -59,3 +64,44 @@ def test_a_checkpoint_moves_between_sharded_and_plain_runs_at_another_np(
         segments=[seams.Segment(before[0], int(where.group(1))), seams.Segment(after[0])],
     )  # fmt: skip
     assert_like_the_oracle(resumed, log, oracle)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["plain", "sharded"])
+def test_bf16_gradients_match_the_oracle_that_rounds_them(tmp_path, sharded):
+    """compression="bf16": each rank's gradient rounded to bf16, summed in float32, the mean
+    rounded once; the oracle does exactly that in one process, with accumulation and a
+    scheduler. Also through ZeRO's reduce-scatter."""
+    args = ["--compression", "bf16", "--accumulate", "2", "--scheduler", "--optimizer", "adam"]
+    out = job(2, tmp_path / "log", *args, *(["--shard-optimizer"] if sharded else []))
+    oracle = seams.Job(compression="bf16", accumulate=2, scheduler=True, optimizer="adam")
+    assert_like_the_oracle(out, tmp_path / "log", oracle)
+
+
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
+def test_horovods_loop_with_compression_bf16_on_gloo_and_mpi(controller):
+    """``hvd.DistributedOptimizer(..., compression=hvd.Compression.bf16)``: each parameter
+    ends at minus (the two ranks' gradients rounded to bf16, averaged in float32, rounded
+    once), in its own dtype, on both ranks, whichever controller carries it."""
+    out = subprocess.run(
+        [HVDKIT, "run", "-np", "2", controller, "--", sys.executable,
+         str(WORKERS / "bf16_worker.py")],
+        cwd=ROOT, text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = results(out)
+    assert ranks[0] == {**ranks[1], "rank": 0}
+
+    def grads(rank, n, dtype):
+        g = torch.Generator().manual_seed(rank)
+        w = torch.randn(1001, generator=g) * 10 ** torch.randint(-6, 3, (1001,), generator=g)
+        return w if n == "w" else torch.randn(3, generator=g, dtype=dtype)
+
+    for name, dtype in (("w", torch.float32), ("b", torch.float64)):
+        sent = [grads(r, name, dtype).bfloat16().float() for r in (0, 1)]
+        expected = -((sent[0] + sent[1]) / 2).bfloat16().to(dtype)
+        plain = -(grads(0, name, dtype) + grads(1, name, dtype)) / 2
+        got = torch.tensor(ranks[0]["weight" if name == "w" else "bias"], dtype=dtype)
+        assert torch.equal(got, expected)
+        assert not torch.equal(got, plain)  # it did travel as bf16
+    assert ranks[0]["unused"] == [0.0, 0.0]
+    assert ranks[0]["dtypes"] == ["torch.float32", "torch.float64"]

@@ -19,7 +19,6 @@ rewrites.
 from horovod.torch import (
     Adasum,
     Average,
-    Compression,
     HorovodInternalError,
     Max,
     Min,
@@ -82,6 +81,7 @@ from horovod.torch import (
 )
 
 from hvdkit.torch import elastic as elastic  # hvd.elastic, as in horovod.torch
+from hvdkit.torch.bf16 import Compression
 from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters, init
 from hvdkit.torch.optimizer import DistributedOptimizer, backward_and_step
 from hvdkit.torch.session import Session, setup

@@ -22,6 +22,7 @@ from hvdkit.devices import pin
 from hvdkit.lr import Warmup
 from hvdkit.position import Position
 from hvdkit.torch import zero
+from hvdkit.torch.bf16 import Compression
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -34,7 +35,7 @@ FORMAT = "hvdkit-torch-1"
 TORCH_EXTRA_TYPES: tuple[type, ...] = (type(None), bool, int, float, str, bytes, torch.Tensor)
 """What a torch checkpoint's ``extra`` can hold (``torch.load(weights_only=True)`` reads it)."""
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
-_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+_COMPRESSION = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
 
 def rng_state() -> dict[str, Any]:

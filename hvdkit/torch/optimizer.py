@@ -11,6 +11,8 @@ import horovod.torch as hvd
 import torch
 
 from hvdkit.profile import recorder as profile_recorder
+from hvdkit.torch.bf16 import install as install_bf16
+from hvdkit.torch.bf16 import is_bf16
 
 
 def _zero_grad(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
@@ -76,10 +78,11 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
             optimizer, named_parameters=model.named_parameters())
     """
     _require_materialized(optimizer)
+    bf16 = is_bf16(compression)
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=named_parameters,
-        compression=_ContiguousCompression(compression),
+        compression=_ContiguousCompression(hvd.Compression.none if bf16 else compression),
         backward_passes_per_step=backward_passes_per_step,
         op=op,
         gradient_predivide_factor=gradient_predivide_factor,
@@ -88,6 +91,8 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
         sparse_as_dense=sparse_as_dense,
         process_set=process_set,
     )
+    if bf16:
+        install_bf16(wrapped)
     wrapped.zero_grad = types.MethodType(_zero_grad, wrapped)
     if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
         tell_schedulers(optimizer, wrapped)

@@ -5,8 +5,8 @@ Each param group's parameters are laid out as one flat buffer, padded to a multi
 world size, and rank ``r`` owns the ``r``-th equal slice of it (:class:`Layout`, pure): a single
 large tensor is split across ranks like everything else. A step:
 
-1. the group's gradients, flattened, are reduce-scattered (averaged), so each rank holds the
-   reduced gradient of its slice only;
+1. the group's gradients, flattened, are reduce-scattered (averaged; :func:`reduce_scatter`),
+   so each rank holds the reduced gradient of its slice only;
 2. an inner optimizer of the user's class, built over one flat shard tensor per group with the
    group's hyperparameters, updates the slice (its state is the slice's: 1/N of the whole);
 3. the updated slices are all-gathered and copied into the parameters.
@@ -37,6 +37,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdkit.torch import bf16
 from hvdkit.torch.functions import load_optimizer_state_
 from hvdkit.torch.optimizer import tell_schedulers
 
@@ -124,6 +125,29 @@ class _Group:
         return flat[start:end]
 
 
+def reduce_scatter(flat: torch.Tensor, op: Any, compression: Any, name: str) -> torch.Tensor:
+    """This rank's slice of ``flat`` reduced (``op``: Horovod's Average or Sum) over the
+    ranks: an ``alltoall`` (each rank receives every rank's copy of its slice, in
+    ``compression``'s dtype) and a local sum in ``flat``'s dtype, in rank order. Horovod's
+    own Gloo ``reducescatter`` took longer here than an ``allreduce`` of the whole buffer
+    (194 ms against 151 for 67 MB); the ``alltoall`` moves (N-1)/N of it, as a ring's
+    reduce-scatter phase does, and took 72 ms."""
+    size = hvd.size()
+    if size == 1:  # nothing to reduce with (and nothing sent: no compression, as Horovod's)
+        return flat
+    if bf16.is_bf16(compression):
+        received = hvd.alltoall(bf16.to_wire(flat), name=name)
+        return bf16.from_wire(bf16.reduce_received(received, size, op == hvd.Average))
+    wire, _ = compression.compress(flat)
+    received = hvd.alltoall(wire, name=name).view(size, -1)
+    total = received.sum(0, dtype=flat.dtype)  # one pass over what came in
+    if op == hvd.Average:
+        total.div_(size)
+    if wire.dtype != flat.dtype:  # rounded as the wire's dtype, as Horovod's reduction is
+        total = total.to(wire.dtype)
+    return total
+
+
 class _Sharded:
     """Put in front of the user's optimizer class (see :func:`ShardedOptimizer`): the outer
     object keeps the user's param groups (schedulers, the LR multiplier and clipping see full
@@ -172,11 +196,9 @@ class _Sharded:
         assert self._hvdkit_inner is not None
         for i, group in enumerate(self._hvdkit_groups):
             flat = group.flat([p.grad for p in group.params])
-            reduced = hvd.reducescatter(
-                flat, name=f"hvdkit.zero.grad.{i}", op=self._hvdkit_op,
-                compression=self._hvdkit_compression,
-            )  # fmt: skip
-            group.shard.grad = reduced.to(group.shard.dtype)
+            group.shard.grad = reduce_scatter(
+                flat, self._hvdkit_op, self._hvdkit_compression, f"hvdkit.zero.grad.{i}"
+            ).to(group.shard.dtype)
         self._synchronized = True
 
     @contextlib.contextmanager
