@@ -5,6 +5,7 @@ oracle's (to the path tolerance: a reduce-scatter sums in another order than one
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import seams
 import torch
 from conftest import ROOT, WORKERS, results
 from test_seams import assert_like_the_oracle, job
+from workers.bf16_worker import targets
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -77,31 +79,45 @@ def test_bf16_gradients_match_the_oracle_that_rounds_them(tmp_path, sharded):
     assert_like_the_oracle(out, tmp_path / "log", oracle)
 
 
-@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
-def test_horovods_loop_with_compression_bf16_on_gloo_and_mpi(controller):
-    """``hvd.DistributedOptimizer(..., compression=hvd.Compression.bf16)``: each parameter
-    ends at minus (the two ranks' gradients rounded to bf16, averaged in float32, rounded
-    once), in its own dtype, on both ranks, whichever controller carries it."""
+def bf16_run(mode: str, controller: str = "--gloo", backend: str = "tensorflow") -> dict:
     out = subprocess.run(
         [HVDKIT, "run", "-np", "2", controller, "--", sys.executable,
-         str(WORKERS / "bf16_worker.py")],
+         str(WORKERS / "bf16_worker.py"), mode],
         cwd=ROOT, text=True, capture_output=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     ranks = results(out)
-    assert ranks[0] == {**ranks[1], "rank": 0}
+    assert ranks[0] == {**ranks[1], "rank": 0}  # the ranks end identical
+    return ranks[0]
 
-    def grads(rank, n, dtype):
-        g = torch.Generator().manual_seed(rank)
-        w = torch.randn(1001, generator=g) * 10 ** torch.randint(-6, 3, (1001,), generator=g)
-        return w if n == "w" else torch.randn(3, generator=g, dtype=dtype)
 
-    for name, dtype in (("w", torch.float32), ("b", torch.float64)):
-        sent = [grads(r, name, dtype).bfloat16().float() for r in (0, 1)]
-        expected = -((sent[0] + sent[1]) / 2).bfloat16().to(dtype)
-        plain = -(grads(0, name, dtype) + grads(1, name, dtype)) / 2
-        got = torch.tensor(ranks[0]["weight" if name == "w" else "bias"], dtype=dtype)
-        assert torch.equal(got, expected)
-        assert not torch.equal(got, plain)  # it did travel as bf16
-    assert ranks[0]["unused"] == [0.0, 0.0]
-    assert ranks[0]["dtypes"] == ["torch.float32", "torch.float64"]
+def assert_reduced_in_bf16(got: list[float], which: int, dtype: torch.dtype) -> None:
+    """``got`` is minus (the two ranks' gradients rounded to bf16, averaged in float32,
+    rounded once), to the bit, and differs from the plain average."""
+    sent = [torch.from_numpy(targets(r)[which]).to(dtype) for r in (0, 1)]
+    wire = [s.bfloat16().float() for s in sent]
+    expected = -((wire[0] + wire[1]) / 2).bfloat16().to(dtype)
+    got_t = torch.tensor(got, dtype=dtype)
+    assert torch.equal(got_t, expected), (got_t - expected).abs().max()
+    assert not torch.equal(got_t, -(sent[0] + sent[1]) / 2)  # it did travel as bf16
+
+
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
+def test_horovods_torch_loop_with_compression_bf16_on_gloo_and_mpi(controller):
+    """``hvd.DistributedOptimizer(..., compression=hvd.Compression.bf16)``: each parameter
+    reduced in bf16 and back in its own dtype (float32, float64), a parameter without a
+    gradient left at zero, whichever controller carries it."""
+    r = bf16_run("torch", controller)
+    assert_reduced_in_bf16(r["weight"], 0, torch.float32)
+    assert_reduced_in_bf16(r["bias"], 1, torch.float64)
+    assert r["unused"] == [0.0, 0.0] and r["dtypes"] == ["torch.float32", "torch.float64"]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_keras_distributed_optimizer_with_compression_bf16(backend):
+    assert_reduced_in_bf16(bf16_run("keras", backend=backend)["weight"], 0, torch.float32)
+
+
+def test_a_tensorflow_tape_with_compression_bf16_inside_tf_function():
+    assert_reduced_in_bf16(bf16_run("tape")["weight"], 0, torch.float32)

@@ -31,6 +31,7 @@ import keras
 import numpy as np
 
 from hvdkit import core
+from hvdkit.compression import with_bf16
 from hvdkit.keras import backend, callbacks, collectives
 from hvdkit.keras import elastic as elastic  # hvd.elastic, as in horovod.tensorflow.keras
 from hvdkit.keras.collectives import allgather, allreduce, alltoall, broadcast, reducescatter
@@ -109,6 +110,8 @@ def shard(*arrays: Any, pad: bool = True) -> tuple[Any, ...] | Any:
 def __getattr__(name: str) -> Any:
     # Queries, process sets, ops and Compression come from the backend's Horovod module, so
     # importing hvdkit.keras loads only the Horovod module of the active backend, and lazily.
+    if name == "Compression":  # Horovod's, with bf16 (hvdkit.compression)
+        return with_bf16(_hvd().Compression)
     if name in collectives.DELEGATED:
         return getattr(_hvd(), name)
     raise AttributeError(f"module 'hvdkit.keras' has no attribute {name!r}")

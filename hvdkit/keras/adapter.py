@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from hvdkit.checkpoint import CheckpointError, atomic_write
+from hvdkit.compression import BF16Compressor
 from hvdkit.core import Adapter, SetupConfig, Topology
 from hvdkit.keras import backend
 from hvdkit.keras.lr import LearningRateWarmupCallback, Schedule, WarmupSchedule, lr_holder
@@ -81,7 +82,7 @@ class KerasAdapter(Adapter):
         hvd = backend.horovod()
         self.optimizer = DistributedOptimizer(
             self.optimizer,
-            compression=hvd.Compression.fp16 if cfg.compression == "fp16" else None,
+            compression={"fp16": hvd.Compression.fp16, "bf16": BF16Compressor}.get(cfg.compression),
             backward_passes_per_step=cfg.backward_passes_per_step,
             op=hvd.Sum if cfg.op == "sum" else hvd.Average,
         )

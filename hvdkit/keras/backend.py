@@ -58,6 +58,7 @@ def allreduce_list(
     name: str = "hvdkit.grads",
     fp16: bool = False,
     *,
+    bf16: bool = False,
     predivide: float = 1.0,
     sparse_as_dense: bool = False,
     process_set: Any = None,
@@ -71,6 +72,7 @@ def allreduce_list(
     ``Embedding``'s) on its own, as Horovod does (an allgather of values and indices);
     ``sparse_as_dense`` makes them dense first. ``predivide`` splits an average into a
     division before the sum and the rest after (Horovod's ``gradient_predivide_factor``).
+    ``bf16``: the dense ones travel as bf16 (:mod:`hvdkit.compression`).
     ``device_dense``/``device_sparse`` place the ops on the TensorFlow backend, as Horovod's
     ``tf.device`` does (the torch backend's ops run on the tensor's device). None entries are
     passed through. A rank outside ``process_set``, or a set of one, keeps its own tensors
@@ -89,12 +91,26 @@ def allreduce_list(
         if op != "average":
             raise ValueError("gradient_predivide_factor needs op=Average")
         scale = {"prescale_factor": 1.0 / predivide, "postscale_factor": predivide}
+    if bf16 and (op not in ("average", "sum") or scale):
+        raise ValueError(
+            "Compression.bf16 takes op=Average or op=Sum, without gradient_predivide_factor"
+        )
     compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
     for g, group in enumerate(dense_groups(dense, groups)):
+        group_name = name if g == 0 else f"{name}.group{g}"
+        if bf16:
+            with keras_backend.device_scope(device_dense):
+                reduced = keras_backend.bf16_allreduce(
+                    [out[i] for i in group], op == "average", group_name,
+                    process_set or hvd.global_process_set,
+                )  # fmt: skip
+            for i, tensor in zip(group, reduced, strict=True):
+                out[i] = tensor
+            continue
         with keras_backend.device_scope(device_dense):
             reduced = hvd.grouped_allreduce(
                 [out[i] for i in group], op=reduction, compression=compression,
-                name=name if g == 0 else f"{name}.group{g}", **scale, **kwargs,
+                name=group_name, **scale, **kwargs,
             )  # fmt: skip
         for i, tensor in zip(group, reduced, strict=True):
             out[i] = tensor

@@ -54,6 +54,7 @@ from typing import Any
 
 import keras
 
+from hvdkit.compression import is_bf16
 from hvdkit.core import ReduceOp
 from hvdkit.keras import backend, profiling
 
@@ -66,6 +67,7 @@ class Options:
 
     op: ReduceOp = "average"
     fp16: bool = False
+    bf16: bool = False
     backward_passes_per_step: int = 1
     average_aggregated_gradients: bool = False
     sparse_as_dense: bool = False
@@ -133,6 +135,7 @@ def _allreduce_list(
         op=options.op,
         name=options.name,
         fp16=options.fp16,
+        bf16=options.bf16,
         predivide=options.gradient_predivide_factor,
         sparse_as_dense=options.sparse_as_dense,
         process_set=options.process_set,
@@ -370,6 +373,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     options = Options(
         op=op_name(op, hvd),
         fp16=compression is not None and compression == hvd.Compression.fp16,
+        bf16=is_bf16(compression),
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
         sparse_as_dense=sparse_as_dense,

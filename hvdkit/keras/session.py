@@ -163,11 +163,6 @@ def setup(
         model.fit(x_shard, y_shard, epochs=10, callbacks=callbacks, verbose=1)
     """
     config = SetupConfig(checkpoint=Path(checkpoint) if checkpoint else None, **options)
-    if config.compression == "bf16":
-        raise ValueError(
-            "compression='bf16' is not supported by hvdkit.keras yet (hvdkit.torch has it): "
-            "use compression='fp16' or 'none'"
-        )
     if config.shard_optimizer:
         raise ValueError(
             "shard_optimizer=True is not supported by hvdkit.keras yet (hvdkit.torch.setup "

@@ -41,7 +41,6 @@ import tensorflow as tf
 from horovod.tensorflow import (
     Adasum,
     Average,
-    Compression,
     LocalGradientAggregationHelper,
     Max,
     Min,
@@ -90,7 +89,9 @@ from horovod.tensorflow import (
     stop_timeline,
     vars_to_refs,
 )
+from horovod.tensorflow import Compression as _HorovodCompression
 
+from hvdkit.compression import with_bf16
 from hvdkit.keras import init  # one init (and GPU pinning) for both modules
 from hvdkit.keras import optimizer as keras_optimizer
 from hvdkit.keras.layers import SyncBatchNormalization
@@ -112,6 +113,9 @@ from hvdkit.tensorflow.tape import (
     DistributedGradientTape,
     PartialDistributedGradientTape,
 )
+
+Compression = with_bf16(_HorovodCompression)
+"""Horovod's compression choices (``none``, ``fp16``) and ``bf16`` (:mod:`hvdkit.compression`)."""
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's public name

@@ -22,6 +22,7 @@ from typing import Any
 import tensorflow as tf
 from horovod.tensorflow import Average, Compression, global_process_set
 
+from hvdkit.compression import is_bf16
 from hvdkit.keras import backend
 from hvdkit.keras.optimizer import Options, checked_groups, op_name, reduce_gradients, refuse_xla
 from hvdkit.profile import recorder as profile_recorder
@@ -124,6 +125,7 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's public name
     options = Options(
         op=op,
         fp16=compression is not None and compression == hvd.Compression.fp16,
+        bf16=is_bf16(compression),
         sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor,
         scale_local_gradients=scale_local_gradients,

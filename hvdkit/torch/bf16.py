@@ -30,30 +30,12 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
-from horovod.torch.compression import Compressor
 
+from hvdkit.compression import is_bf16 as is_bf16  # re-exported: the optimizer asks it
+from hvdkit.compression import with_bf16
 
-class BF16Compressor(Compressor):
-    """The marker for bf16 transport (see the module's text); the reduction itself is
-    :class:`Reducer`'s, as Horovod's allreduce cannot carry bf16."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class Compression(hvd.Compression):
-    """Horovod's compression choices (``none``, ``fp16``) and ``bf16``."""
-
-    bf16 = BF16Compressor
-
-
-def is_bf16(compression: Any) -> bool:
-    return compression is BF16Compressor or isinstance(compression, BF16Compressor)
+Compression = with_bf16(hvd.Compression)
+"""Horovod's compression choices (``none``, ``fp16``) and ``bf16``."""
 
 
 def to_wire(flat: torch.Tensor) -> torch.Tensor:
@@ -151,3 +133,17 @@ def install(optimizer: Any) -> None:
         return reducer.start(p, f"hvdkit.{name}", tensor), None
 
     optimizer._allreduce_grad_async = types.MethodType(start, optimizer)
+
+
+def allreduce(
+    tensors: list[torch.Tensor], average: bool, name: str, process_set: Any = hvd.global_process_set
+) -> list[torch.Tensor]:
+    """``tensors`` reduced over the ranks in bf16, fused into one buffer (for Keras's torch
+    backend); each comes back in its own dtype and shape."""
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    whole = Reducer(average, process_set).start(0, name, flat)()
+    out, at = [], 0
+    for t in tensors:
+        out.append(whole[at : at + t.numel()].to(t.dtype).view(t.shape))
+        at += t.numel()
+    return out

@@ -26,6 +26,13 @@ class KerasBackend(abc.ABC):
         """``tensor`` as Horovod's ops accept it (``copy``: detached from the variable)."""
 
     @abc.abstractmethod
+    def bf16_allreduce(
+        self, tensors: list[Any], average: bool, name: str, process_set: Any
+    ) -> list[Any]:
+        """``tensors`` reduced over ``process_set``, travelling as bf16
+        (:mod:`hvdkit.compression`): fused, each back in its dtype and shape."""
+
+    @abc.abstractmethod
     def set_cpu_threads(self, threads: int) -> None:
         """Compute on CPU with ``threads`` threads (every pool the backend has)."""
 

@@ -22,6 +22,32 @@ class TensorFlowBackend(KerasBackend):
     def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
         return tensor  # TensorFlow's ops copy; layout is not the caller's concern
 
+    def bf16_allreduce(
+        self, tensors: list[Any], average: bool, name: str, process_set: Any
+    ) -> list[Any]:
+        # hvdkit.torch.bf16's scheme in TensorFlow ops, so it runs inside tf.function too.
+        import tensorflow as tf
+
+        hvd = self.horovod()
+        size = process_set.size()
+        flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+        length = tf.size(flat)
+        flat = tf.pad(flat, [[0, tf.math.floormod(-length, size)]])
+        bits = tf.bitcast(tf.cast(flat, tf.bfloat16), tf.int16)
+        received = hvd.alltoall(bits, name=f"{name}.bf16.scatter", process_set=process_set)
+        received = received[0] if isinstance(received, tuple) else received
+        slices = tf.cast(tf.bitcast(tf.reshape(received, [size, -1]), tf.bfloat16), tf.float32)
+        mine = tf.reduce_sum(slices, 0) / (size if average else 1)
+        mine = tf.bitcast(tf.cast(mine, tf.bfloat16), tf.int16)
+        gathered = hvd.allgather(mine, name=f"{name}.bf16.gather", process_set=process_set)
+        whole = tf.cast(tf.bitcast(gathered, tf.bfloat16), tf.float32)
+        out, at = [], 0
+        for t in tensors:
+            n = tf.size(t)
+            out.append(tf.cast(tf.reshape(whole[at : at + n], tf.shape(t)), t.dtype))
+            at += n
+        return out
+
     def set_cpu_threads(self, threads: int) -> None:
         # Both pools: the inter-op pool alone (one thread per core by default) runs
         # independent ops on every core, so the ranks on a host would still share them all

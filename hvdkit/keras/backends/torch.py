@@ -23,6 +23,13 @@ class TorchBackend(KerasBackend):
             tensor = tensor.detach().clone()
         return tensor.contiguous()  # Horovod refuses non-contiguous tensors
 
+    def bf16_allreduce(
+        self, tensors: list[Any], average: bool, name: str, process_set: Any
+    ) -> list[Any]:
+        from hvdkit.torch import bf16
+
+        return bf16.allreduce(tensors, average, name, process_set)
+
     def set_cpu_threads(self, threads: int) -> None:
         import torch
 
