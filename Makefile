@@ -121,7 +121,7 @@ $(DOCS_STAMP): $(DOCS_STACK)
 
 # The docs site's pictures, each from a real run on this machine (dated in the pages that show
 # them): the profile of examples/pytorch_slow_input.py before and after loader workers, the
-# bench's bus-bandwidth and scaling plots, the allreduce tutorial's cost-model plot. Minutes;
+# bench's bus-bandwidth, scaling and memory plots, the allreduce tutorial's cost-model plot. Minutes;
 # not in CI (the pages' figures are checked to be dated, the PNGs to exist).
 FIGURES := docs/images
 FIGURES_TMP := build/figures
@@ -135,6 +135,8 @@ docs-figures: setup
 	cp $(FIGURES_TMP)/after/profile.png $(FIGURES)/profile-slow-input-after.png
 	$(BIN)/hvdkit bench --quick --only allreduce,training --no-progress --plots $(FIGURES_TMP)/bench
 	cp $(FIGURES_TMP)/bench/allreduce_busbw.png $(FIGURES_TMP)/bench/throughput_vs_ranks.png $(FIGURES)/
+	$(BIN)/hvdkit bench --only memory --no-progress --plots $(FIGURES_TMP)/memory
+	cp $(FIGURES_TMP)/memory/memory.png $(FIGURES)/
 	$(BIN)/hvdkit run --mpi -np 2 --hostfile hostfiles/localhost -- $(BIN)/python \
 	  examples/allreduce_from_scratch.py --out $(FIGURES_TMP)/allreduce
 	cp $(FIGURES_TMP)/allreduce/allreduce_from_scratch_N2.png $(FIGURES)/

@@ -52,6 +52,7 @@ def test_plan_covers_every_section_and_world_size():
     jobs = plan_jobs(BenchConfig(nps=(1, 2), quick=True), available=("gloo", "mpi"))
     labels = [j.label for j in jobs]
     assert labels[0] == "input pipeline"
+    assert [j.args[1] for j in jobs if j.section == "memory"] == ["plain", "sharded", "speed"] * 2
     assert "allreduce np=2 gloo" in labels and "allreduce np=2 mpi" in labels
     assert "allreduce np=1 gloo" not in labels  # busbw is zero at one rank
     cost = next(j for j in jobs if j.section == "profile")  # at the largest world size
@@ -183,6 +184,51 @@ def test_table_and_plots(tmp_path):
     assert [p.name for p in written] == ["allreduce_busbw.png", "throughput_vs_ranks.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def _memory_records() -> list[dict]:
+    def rec(variant, np, **result):
+        return {"section": "memory", "label": f"memory {variant} np={np}", "np": np,
+                "controller": "gloo", "variant": variant,
+                "result": {"ranks": np, "variant": variant, "params": 1000, **result}}  # fmt: skip
+
+    def sizes(state, peak):
+        return {"weights_bytes": 4000, "grads_bytes": 4000, "state_bytes": state,
+                "rss_growth_bytes": 1, "peak_rss_bytes": 3e8, "peak_growth_bytes": peak,
+                "cuda_peak_bytes": None, "step_s": 0.01}  # fmt: skip
+
+    return [
+        rec("plain", 2, **sizes(8000, 2e7)),
+        rec("sharded", 2, **sizes(4000, 1.5e7)),
+        rec("speed", 2, step_s={"plain": 0.01, "sharded": 0.0125}, ratio=0.8, rounds=3,
+            link={"alpha": 1e-4, "beta": 1e-9}),
+    ]  # fmt: skip
+
+
+def test_the_memory_section_judges_zero_1_and_predicts_it(tmp_path):
+    """Sharded state x N / plain and the speed ratio are targets; the predictions come from
+    the fitted link (ZeRO-1 equals the ring allreduce), the largest models from the bytes per
+    parameter; the table and the plot show them."""
+    s = report.summarize(_memory_records())
+    m = s["memory"]
+    assert m["by_np"]["2"]["state_vs_plain"] == pytest.approx(1.0)  # 8000 / (2 x 4000)
+    met = {t["name"]: (t["value"], t["met"]) for t in s["targets"]}
+    assert met["ZeRO-1 optimizer state x N / plain, np=2"] == (pytest.approx(1.0), True)
+    assert met["ZeRO-1 step throughput / plain, np=2"] == (pytest.approx(0.8), False)
+    row = m["predicted_ms"]["8"]
+    assert row["zero-1 fp32"] == pytest.approx(row["allreduce fp32"])
+    assert row["zero-1 bf16 grads"] < row["zero-1 fp32"]
+    assert row["allreduce fp32"] == pytest.approx(1e3 * (14 * 1e-4 + 2 * 7 / 8 * 4000 * 1e-9))
+    assert m["largest_model_b"]["80 GiB"]["fp32 plain N=8"] == pytest.approx(
+        round(80 * 2**30 / 16 / 1e9, 2)
+    )
+    text = report.table(s)
+    for needle in ("Memory, Adam on an MLP of 0.0 M params", "np=2 sharded", "optimizer     0.0",
+                   "throughput sharded / plain, alternating rounds: 0.800",
+                   "largest model with Adam", "MISS ZeRO-1 step throughput / plain, np=2"):
+        assert needle in text, needle
+    written = write_plots(s, tmp_path)
+    assert [p.name for p in written] == ["memory.png"] and written[0].stat().st_size > 10_000
 
 
 def test_gpu_check_is_planned_and_judged_against_the_plain_loop(tmp_path):

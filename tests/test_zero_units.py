@@ -40,3 +40,22 @@ def test_elastic_sharding_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match="shard_optimizer=True with elastic=True"):
         SetupConfig(shard_optimizer=True, elastic=True)
+
+
+def test_the_cost_model_of_zero_stage_1():
+    """Reduce-scatter plus all-gather is the ring allreduce, step for step and byte for byte;
+    sharding divides only Adam's state, so 16 bytes a parameter in fp32 become 8 + 8/N."""
+    from hvdkit.bench import costmodel
+
+    link = costmodel.AlphaBeta(alpha=20e-6, beta=1e-9)
+    for n in (2, 8, 512):
+        ring = costmodel.predict(link, "ring", n, 4e8)
+        assert costmodel.sharded_step(link, n, 4e8, 4e8) == pytest.approx(ring)
+        assert costmodel.sharded_step(link, n, 2e8, 4e8) < ring  # bf16 gradients
+    assert costmodel.bytes_per_param("fp32") == 16
+    assert costmodel.bytes_per_param("fp32", 8, sharded=True) == 9
+    assert costmodel.bytes_per_param("bf16", 4, sharded=True) == 7
+    gib80 = 80 * 2**30
+    assert costmodel.largest_model(gib80, "fp32", 64, True) / costmodel.largest_model(
+        gib80, "fp32", 64, False
+    ) == pytest.approx(16 / 8.125)

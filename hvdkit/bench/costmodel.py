@@ -15,6 +15,11 @@ of ``S`` bytes over ``N`` ranks then costs ``alpha`` per message step on its cri
   root (``N-1`` messages of ``S`` into it), then a binomial-tree broadcast
   (``ceil(log2 N)`` rounds of ``S``), the algorithms MPI libraries typically pick for these.
 
+ZeRO stage 1 (``hvdkit.torch.zero``) replaces the allreduce by a ``reduce_scatter`` of the
+gradients and an ``allgather`` of the updated parameters: each ``N-1`` steps of ``S/N`` bytes,
+together exactly the ring's steps and bytes (:func:`sharded_step`). What it changes is memory
+(:func:`bytes_per_param`, :func:`largest_model`).
+
 The reduction arithmetic (the "gamma" term) is left out: the model counts messages and bytes.
 Pure Python on numbers, so it is tested on its own.
 """
@@ -26,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SCHEMES: tuple[str, ...] = ("gather_bcast", "parameter_server", "ring")
+HALVES: tuple[str, ...] = ("reduce_scatter", "allgather")
+"""The ring's two halves, each a collective of its own (ZeRO's)."""
 
 
 @dataclass(frozen=True)
@@ -73,10 +80,13 @@ def cost(scheme: str, ranks: int, nbytes: float) -> Cost:
         per_link = 2 * (n - 1) / n * nbytes
         # Sends and receives of a Sendrecv step overlap, so the link carries one direction.
         return Cost(2 * (n - 1), per_link, per_link)
+    if scheme in HALVES:  # N-1 steps, S/N bytes each, sent while the next chunk arrives
+        per_link = (n - 1) / n * nbytes
+        return Cost(n - 1, per_link, per_link)
     if scheme == "gather_bcast":
         rounds = tree_rounds(n)
         return Cost(n - 1 + rounds, (n - 1 + rounds) * nbytes, rounds * nbytes)
-    raise ValueError(f"unknown scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+    raise ValueError(f"unknown scheme {scheme!r}: use one of {', '.join(SCHEMES + HALVES)}")
 
 
 def predict(model: AlphaBeta, scheme: str, ranks: int, nbytes: float) -> float:
@@ -112,3 +122,32 @@ def fit(steps: Sequence[float], nbytes: Sequence[float], seconds: Sequence[float
     if beta <= 0:
         raise ValueError("times do not grow with message size: no bandwidth to fit")
     return AlphaBeta(0.0, beta)
+
+
+def sharded_step(model: AlphaBeta, ranks: int, grad_bytes: float, param_bytes: float) -> float:
+    """Seconds of ZeRO-1's communication per step: a reduce-scatter of ``grad_bytes`` (the
+    gradients as they travel) and an all-gather of ``param_bytes`` (the parameters)."""
+    return predict(model, "reduce_scatter", ranks, grad_bytes) + predict(
+        model, "allgather", ranks, param_bytes
+    )
+
+
+# Bytes per parameter on one rank: (weights, gradients, optimizer state) for Adam. "fp32": all
+# in float32, Adam's two moments. "bf16": mixed precision, bf16 weights and gradients, and a
+# float32 master copy with the two moments (12 bytes) as the optimizer's state.
+PRECISIONS: dict[str, tuple[float, float, float]] = {
+    "fp32": (4.0, 4.0, 8.0),
+    "bf16": (2.0, 2.0, 12.0),
+}
+
+
+def bytes_per_param(precision: str, ranks: int = 1, sharded: bool = False) -> float:
+    """Bytes one parameter costs each rank with Adam: ZeRO-1 divides the optimizer state by
+    ``ranks``; weights and gradients stay whole (activations are not counted)."""
+    weights, grads, state = PRECISIONS[precision]
+    return weights + grads + (state / ranks if sharded else state)
+
+
+def largest_model(memory_bytes: float, precision: str, ranks: int, sharded: bool) -> float:
+    """Parameters that fit in ``memory_bytes`` per rank (weights, gradients, Adam's state)."""
+    return memory_bytes / bytes_per_param(precision, ranks, sharded)

@@ -10,7 +10,7 @@ from hvdkit.bench.metrics import KIB, MIB, message_sizes
 from hvdkit.build.config import Controller
 from hvdkit.launch.plan import default_controller
 
-SECTIONS = ("allreduce", "training", "keras", "pipeline", "profile")
+SECTIONS = ("allreduce", "training", "keras", "pipeline", "profile", "memory")
 KERAS_BACKENDS = ("tensorflow", "torch")
 
 
@@ -139,6 +139,18 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
                             ("--spec", f"{model}:{batch}:{steps}:{rounds}", "--amp",
                              "--channels-last", "--variants", "plain,hvdkit"),
                             1, main_controller, dict(threads)))  # fmt: skip
+    if "memory" in config.sections:
+        # An MLP with Adam: 4 x 2048^2 is 16.8 M parameters (the 16 M model).
+        size = (
+            ("--layers", "2", "--width", "512", "--steps", "4", "--rounds", "3")
+            if config.quick
+            else ("--layers", "4", "--width", "2048", "--steps", "5", "--rounds", "6")
+        )
+        for np in config.nps:
+            for variant in ("plain", "sharded", "speed"):
+                jobs.append(Job("memory", f"memory {variant} np={np}", "hvdkit.bench.memory",
+                                ("--variant", variant, *size), np, main_controller,
+                                dict(threads), key={"variant": variant}))  # fmt: skip
     for backend in config.keras_backends if "keras" in config.sections else ():
         # Many short rounds, as for training: 6 rounds of 30 steps gave per-run medians from
         # 0.89 to 1.02 for the same code.

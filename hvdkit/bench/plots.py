@@ -1,5 +1,6 @@
-"""PNG plots of a bench summary: bus bandwidth against message size, and total throughput
-against ranks (with the ideal line). matplotlib is imported only here, with a file backend."""
+"""PNG plots of a bench summary: bus bandwidth against message size, total throughput
+against ranks (with the ideal line), and memory per rank plain against sharded. matplotlib is
+imported only here, with a file backend."""
 
 from __future__ import annotations
 
@@ -67,6 +68,42 @@ def scaling_plot(summary: dict, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
+def memory_plot(memory: dict, path: Path) -> Path:
+    """Per world size and variant, the bytes per rank stacked (weights, gradients, optimizer
+    state) with the peak resident memory beside; and, from the fitted link, the predicted
+    communication per step at 8 to 512 ranks (ZeRO-1's equals the allreduce's: the same
+    bytes; bf16 gradients halve the reduce-scatter's)."""
+    plt = _pyplot()
+    panels = 2 if "predicted_ms" in memory else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
+    ax = axes[0][0]
+    bars = [(f"np={n}\n{v}", e[v]) for n, e in memory["by_np"].items()
+            for v in ("plain", "sharded") if v in e]  # fmt: skip
+    xs = list(range(len(bars)))
+    bottom = [0.0] * len(bars)
+    for key, label in (("weights_bytes", "weights"), ("grads_bytes", "gradients"),
+                       ("state_bytes", "optimizer state")):  # fmt: skip
+        heights = [r[key] / 1e6 for _, r in bars]
+        ax.bar(xs, heights, bottom=bottom, label=label, width=0.6)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.plot(xs, [r["peak_growth_bytes"] / 1e6 for _, r in bars], "k_", markersize=30,
+            markeredgewidth=2, label="peak resident, above the start")  # fmt: skip
+    ax.set_xticks(xs, [name for name, _ in bars], fontsize=8)
+    _label(ax, "", "MB per rank", f"Adam, {memory['params'] / 1e6:.1f} M params")
+    if panels == 2:
+        ax = axes[0][1]
+        ranks = [int(n) for n in memory["predicted_ms"]]
+        for kind in next(iter(memory["predicted_ms"].values())):
+            ax.plot(ranks, [memory["predicted_ms"][str(n)][kind] for n in ranks], marker="o",
+                    label=kind)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(n) for n in ranks])
+        ax.set_yscale("log")
+        _label(ax, "ranks", "ms per step (alpha-beta model)",
+               "Predicted communication (ZeRO-1 = allreduce)")  # fmt: skip
+    return _save(plt, fig, path)
+
+
 def write_plots(summary: dict, directory: Path) -> list[Path]:
     """The plots this summary has data for, written into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -75,4 +112,6 @@ def write_plots(summary: dict, directory: Path) -> list[Path]:
         written.append(busbw_plot(summary["allreduce"], directory / "allreduce_busbw.png"))
     if summary.get("training") or summary.get("keras"):
         written.append(scaling_plot(summary, directory / "throughput_vs_ranks.png"))
+    if summary.get("memory", {}).get("by_np"):
+        written.append(memory_plot(summary["memory"], directory / "memory.png"))
     return written

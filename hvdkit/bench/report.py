@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-from hvdkit.bench import metrics
+from hvdkit.bench import costmodel, metrics
 from hvdkit.bench.plan import BenchConfig, Job
 
 SCHEMA = "hvdkit-bench-1"
@@ -22,7 +22,14 @@ TARGETS = {
     "busbw_vs_loopback": 0.5,
     "gpu_adapter_vs_plain": 0.99,
     "profile_on_vs_off": 0.99,
+    # ZeRO-1 (issue 41): the state is 1/N of the plain one (plain / (N x sharded)), and the
+    # step costs at most 5% more.
+    "sharded_state_vs_plain": 0.99,
+    "sharded_vs_plain_speed": 0.95,
 }
+GPU_MEMORY_GIB = (16, 24, 40, 80, 141)
+"""GPU memory sizes for the largest-model table (V100 16, A10 24, A100 40/80, H200 141)."""
+PREDICT_RANKS = (8, 16, 32, 64, 128, 256, 512)
 
 
 def record(job: Job, result: dict) -> dict:
@@ -199,6 +206,12 @@ def targets(summary: dict) -> list[dict]:
         what = "hvdkit.tensorflow tape" if "custom loop" in backend else "hvdkit.keras"
         for n, ratio in k["hvdkit_vs_by_hand"].items():
             add(f"{what} / by hand, {backend} np={n}", "keras_vs_by_hand", ratio)
+    for n, m in summary.get("memory", {}).get("by_np", {}).items():
+        if m.get("state_vs_plain") is not None and int(n) > 1:
+            add(f"ZeRO-1 optimizer state x N / plain, np={n}", "sharded_state_vs_plain",
+                m["state_vs_plain"])  # fmt: skip
+        if m.get("speed") is not None and int(n) > 1:
+            add(f"ZeRO-1 step throughput / plain, np={n}", "sharded_vs_plain_speed", m["speed"])
     if "profile" in summary:
         add(f"throughput with --profile / without, np={summary['profile']['ranks']}",
             "profile_on_vs_off", summary["profile"]["on_vs_off"])  # fmt: skip
@@ -212,7 +225,8 @@ def targets(summary: dict) -> list[dict]:
 def summarize(records: list[dict]) -> dict:
     """Derived numbers for every section that ran."""
     by_section = {s: [r for r in records if r["section"] == s]
-                  for s in ("allreduce", "training", "keras", "pipeline", "profile")}  # fmt: skip
+                  for s in ("allreduce", "training", "keras", "pipeline", "profile",
+                            "memory")}  # fmt: skip
     summary: dict = {}
     if by_section["allreduce"]:
         summary["allreduce"] = _allreduce(by_section["allreduce"])
@@ -226,8 +240,57 @@ def summarize(records: list[dict]) -> dict:
         res = by_section["profile"][-1]["result"]
         summary["profile"] = {"ranks": res["ranks"], "rounds": res["rounds"],
                               "on_vs_off": res["ratio"]}  # fmt: skip
+    if by_section["memory"]:
+        summary["memory"] = _memory(by_section["memory"])
     summary["targets"] = targets(summary)
     return summary
+
+
+def _memory(records: list[dict]) -> dict:
+    """Per world size: each variant's bytes and step, sharded state x N / plain, the speed
+    ratio; from the fitted link, both schemes' predicted communication at 8 to 512 ranks;
+    and the largest model that fits per GPU memory size."""
+    by_np: dict[str, dict] = {}
+    link = None
+    params = None
+    for r in records:
+        res = r["result"]
+        entry = by_np.setdefault(str(res["ranks"]), {})
+        entry[res["variant"]] = res
+        params = res["params"]
+        link = res.get("link") or link
+    for n, entry in by_np.items():
+        plain, sharded = entry.get("plain"), entry.get("sharded")
+        entry["state_vs_plain"] = (
+            plain["state_bytes"] / (int(n) * sharded["state_bytes"])
+            if plain and sharded and sharded["state_bytes"] else None
+        )  # fmt: skip
+        entry["speed"] = entry["speed"]["ratio"] if "speed" in entry else None
+    out: dict = {"by_np": by_np, "params": params}
+    if link and params:
+        model = costmodel.AlphaBeta(link["alpha"], link["beta"])
+        fp32 = 4.0 * params
+        out["link"] = link
+        out["predicted_ms"] = {
+            str(n): {
+                "allreduce fp32": 1e3 * costmodel.predict(model, "ring", n, fp32),
+                "zero-1 fp32": 1e3 * costmodel.sharded_step(model, n, fp32, fp32),
+                "allreduce bf16": 1e3 * costmodel.predict(model, "ring", n, fp32 / 2),
+                "zero-1 bf16 grads": 1e3 * costmodel.sharded_step(model, n, fp32 / 2, fp32),
+            }
+            for n in PREDICT_RANKS
+        }
+    out["largest_model_b"] = {
+        f"{gib} GiB": {
+            f"{precision} {'zero-1' if sharded else 'plain'} N={n}": round(
+                costmodel.largest_model(gib * 2**30, precision, n, sharded) / 1e9, 2
+            )
+            for precision in costmodel.PRECISIONS
+            for n, sharded in ((8, False), (8, True), (64, True))
+        }
+        for gib in GPU_MEMORY_GIB
+    }
+    return out
 
 
 def document(config: BenchConfig, machine: dict, records: list[dict], complete: bool) -> dict:
@@ -327,6 +390,40 @@ def table(summary: dict) -> str:
         for name, rate in p["samples_per_s"].items():
             note = "n/a (no GPU)" if rate is None else f"{rate:.0f} ({p['speedup'][name]:.2f}x)"
             lines.append(f"  {name:<24}{note}")
+    mem = summary.get("memory")
+    if mem:
+        lines += ["", f"Memory, Adam on an MLP of {mem['params'] / 1e6:.1f} M params: per rank, "
+                  "MB (sharded = ZeRO-1)"]  # fmt: skip
+        for n, e in mem["by_np"].items():
+            for v in ("plain", "sharded"):
+                if v in e:
+                    r = e[v]
+                    cuda = r.get("cuda_peak_bytes")
+                    lines.append(
+                        f"  np={n} {v:<8} weights {r['weights_bytes'] / 1e6:7.1f}  grads "
+                        f"{r['grads_bytes'] / 1e6:7.1f}  optimizer {r['state_bytes'] / 1e6:7.1f}"
+                        f"  peak RSS +{r['peak_growth_bytes'] / 1e6:7.1f}"
+                        + (f"  CUDA peak {cuda / 1e6:7.1f}" if cuda else "")
+                        + f"  step {r['step_s'] * 1e3:6.1f} ms"
+                    )
+            if e.get("speed") is not None:
+                lines.append(f"  np={n} throughput sharded / plain, alternating rounds: "
+                             f"{e['speed']:.3f}")  # fmt: skip
+        if "predicted_ms" in mem:
+            link = mem["link"]
+            lines.append(
+                f"  predicted communication per step, ms (link: alpha "
+                f"{link['alpha'] * 1e6:.0f} us, {1e-9 / link['beta']:.2f} GB/s):"
+            )
+            kinds = list(next(iter(mem["predicted_ms"].values())))
+            lines.append(f"  {'ranks':>6}" + "".join(f"{k:>20}" for k in kinds))
+            for n, row in mem["predicted_ms"].items():
+                lines.append(f"  {n:>6}" + "".join(f"{row[k]:>20.1f}" for k in kinds))
+        lines.append("  largest model with Adam, billions of params (weights, grads, state):")
+        cols = list(next(iter(mem["largest_model_b"].values())))
+        lines.append(f"  {'memory':>8}" + "".join(f"{c:>20}" for c in cols))
+        for gib, row in mem["largest_model_b"].items():
+            lines.append(f"  {gib:>8}" + "".join(f"{row[c]:>20.2f}" for c in cols))
     prof = summary.get("profile")
     if prof:
         lines.append("")

@@ -125,6 +125,11 @@ class _Group:
         return flat[start:end]
 
 
+def _gather(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    # One rank holds everything: Horovod's collective would only add its cycle's latency.
+    return tensor if hvd.size() == 1 else hvd.allgather(tensor, name=name)
+
+
 def reduce_scatter(flat: torch.Tensor, op: Any, compression: Any, name: str) -> torch.Tensor:
     """This rank's slice of ``flat`` reduced (``op``: Horovod's Average or Sum) over the
     ranks: an ``alltoall`` (each rank receives every rank's copy of its slice, in
@@ -229,7 +234,7 @@ class _Sharded:
         inner.step()
         with torch.no_grad():
             for i, group in enumerate(self._hvdkit_groups):
-                gathered = hvd.allgather(group.shard.detach(), name=f"hvdkit.zero.param.{i}")
+                gathered = _gather(group.shard.detach(), f"hvdkit.zero.param.{i}")
                 for param, value in zip(group.params, group.unflat(gathered), strict=True):
                     param.copy_(value)
                 group.shard.grad = None
@@ -265,7 +270,7 @@ class _Sharded:
             for key in sorted(entries):
                 value = entries[key]
                 if key != "step" and torch.is_tensor(value) and value.shape == group.shard.shape:
-                    gathered = hvd.allgather(value.detach(), name=f"hvdkit.zero.state.{i}.{key}")
+                    gathered = _gather(value.detach(), f"hvdkit.zero.state.{i}.{key}")
                     for entry, piece in zip(per_param, group.unflat(gathered), strict=True):
                         entry[key] = piece.clone()
                 else:
