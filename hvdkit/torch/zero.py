@@ -7,13 +7,18 @@ large tensor is split across ranks like everything else. A step:
 
 1. the group's gradients, flattened, are reduce-scattered (averaged; :func:`reduce_scatter`),
    so each rank holds the reduced gradient of its slice only;
-2. an inner optimizer of the user's class, built over one flat shard tensor per group with the
-   group's hyperparameters, updates the slice (its state is the slice's: 1/N of the whole);
-3. the updated slices are all-gathered and copied into the parameters.
+2. an inner optimizer of the user's class, over one shard tensor per group with the group's
+   hyperparameters, updates the slice in place (its state is the slice's: 1/N of the whole);
+3. the updated slices are all-gathered into the parameters.
+
+The parameters and their gradients live in one flat buffer each per group (each ``p.data``
+and ``p.grad`` a view, as DDP's ``gradient_as_bucket_view``), so flattening costs no copy, the
+shard is a view of the parameters, and at one rank nothing is copied at all. ``zero_grad()``
+zeroes the gradients in place rather than setting them to None.
 
 Reduce-scatter and all-gather move together what one ring allreduce moves: 2 (N-1)/N of the
-gradient bytes. The slice's parameters are copied from the model at every step, so anything
-that sets the weights (a broadcast, a resume, an elastic restore) is picked up.
+gradient bytes. Whatever sets the weights in place (a broadcast, ``load_state_dict``) writes
+the flat buffer; a parameter whose ``data`` was replaced is copied back in at the next step.
 
 ``state_dict()`` is collective: it gathers the slices into the state a plain optimizer of the
 same class would have, keyed as torch keys it, so a checkpoint does not depend on the world
@@ -84,23 +89,72 @@ class Layout:
         return out
 
 
+CHUNK = 1 << 21
+"""Elements per inner-optimizer parameter (8 MiB of float32)."""
+
+
 class _Group:
-    """One param group's layout at the current world size, and its flat shard parameter."""
+    """One param group at the current world size: its parameters and their gradients live in
+    two flat buffers (each parameter's ``data`` and ``grad`` are views into them), and this
+    rank's shard is a view of its slice of the parameters, which the inner optimizer updates
+    in place."""
 
     def __init__(self, params: list[torch.Tensor], size: int, rank: int) -> None:
         self.params = params
         self.layout = Layout(tuple(p.numel() for p in params), size)
         self.rank = rank
         first = params[0]
-        self.shard = torch.zeros(self.layout.shard, dtype=first.dtype, device=first.device)
+        self.flat_param = torch.zeros(self.layout.total, dtype=first.dtype, device=first.device)
+        self.flat_grad = torch.zeros_like(self.flat_param)
+        self._adopt_params()
+        start, end = self.layout.owned(rank)
+        self.shard = self.flat_param[start:end]
+        # The inner optimizer's parameters: the shard in pieces of at most CHUNK elements.
+        # Its temporaries then stay below glibc's largest reused block (32 MiB): one 67 MB
+        # tensor took Adam twice the time, every temporary a fresh mmap and page faults.
+        self.chunks = [self.shard[a : a + CHUNK] for a in range(0, self.layout.shard, CHUNK)]
+        self.grad: torch.Tensor | None = None  # the reduced gradient of the shard
 
-    def load_params(self) -> None:
-        """This rank's slice of the parameters, into the shard."""
-        at = 0
-        for i, lo, hi in self.layout.pieces(self.rank):
-            n = hi - lo
-            self.shard[at : at + n].copy_(self.params[i].detach().reshape(-1)[lo:hi])
-            at += n
+    def set_grad(self, grad: torch.Tensor | None) -> None:
+        self.grad = grad
+        for chunk, at in zip(self.chunks, range(0, self.layout.shard, CHUNK), strict=True):
+            chunk.grad = None if grad is None else grad[at : at + chunk.numel()]
+
+    def joined(self, entries: list[Any]) -> Any:
+        """One state entry of every chunk as the shard's: per-element tensors joined, a
+        scalar (Adam's step) taken once."""
+        pairs = zip(entries, self.chunks, strict=True)
+        if all(torch.is_tensor(e) and e.shape == c.shape for e, c in pairs):
+            return torch.cat([e.detach().reshape(-1) for e in entries])
+        return entries[0]
+
+    def _adopt_params(self) -> None:
+        """Each parameter's values into the flat buffer, and its ``data`` a view there (again
+        for one whose ``data`` was replaced since)."""
+        with torch.no_grad():
+            for p, view in zip(self.params, self.unflat(self.flat_param), strict=True):
+                if p.data_ptr() != view.data_ptr():
+                    view.copy_(p.detach())
+                    p.data = view
+
+    def flat_grads(self) -> torch.Tensor:
+        """The group's gradients as one padded flat buffer: each ``p.grad`` becomes a view
+        into it (a missing one zeros), so autograd accumulates there from the next backward
+        pass on and this costs no copy."""
+        self._adopt_params()
+        with torch.no_grad():
+            for p, view in zip(self.params, self.unflat(self.flat_grad), strict=True):
+                if p.grad is None:
+                    view.zero_()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)  # a gradient autograd allocated: the first pass
+                p.grad = view
+        return self.flat_grad
+
+    def set_params(self, gathered: torch.Tensor) -> None:
+        """Every rank's updated slice, back to back, into the parameters."""
+        if gathered.data_ptr() != self.flat_param.data_ptr():
+            self.flat_param.copy_(gathered)
 
     def flat(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
         """The group's per-parameter tensors (None: zeros) as one padded flat buffer."""
@@ -110,7 +164,7 @@ class _Group:
         ]
         pad = self.layout.total - sum(self.layout.numels)
         if pad:
-            parts.append(self.shard.new_zeros(pad))
+            parts.append(self.flat_param.new_zeros(pad))
         return torch.cat(parts)
 
     def unflat(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -183,7 +237,7 @@ class _Sharded:
         self._hvdkit_world = world
         self._hvdkit_groups = [_Group(list(g["params"]), *world) for g in self.param_groups]
         groups = [
-            {**{k: v for k, v in g.items() if k != "params"}, "params": [s.shard]}
+            {**{k: v for k, v in g.items() if k != "params"}, "params": list(s.chunks)}
             for g, s in zip(self.param_groups, self._hvdkit_groups, strict=True)
         ]
         # The user's optimizer as it was given (its settings, hooks, flags), over the shards:
@@ -200,10 +254,11 @@ class _Sharded:
         self._hvdkit_partition()
         assert self._hvdkit_inner is not None
         for i, group in enumerate(self._hvdkit_groups):
-            flat = group.flat([p.grad for p in group.params])
-            group.shard.grad = reduce_scatter(
-                flat, self._hvdkit_op, self._hvdkit_compression, f"hvdkit.zero.grad.{i}"
-            ).to(group.shard.dtype)
+            reduced = reduce_scatter(
+                group.flat_grads(), self._hvdkit_op, self._hvdkit_compression,
+                f"hvdkit.zero.grad.{i}",
+            )  # fmt: skip
+            group.set_grad(reduced.to(group.shard.dtype))
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -226,36 +281,41 @@ class _Sharded:
             self.synchronize()
         inner = self._hvdkit_inner
         assert inner is not None
-        for outer, mine, group in zip(
-            self.param_groups, inner.param_groups, self._hvdkit_groups, strict=True
-        ):
+        for outer, mine in zip(self.param_groups, inner.param_groups, strict=True):
             mine.update({k: v for k, v in outer.items() if k != "params"})
-            group.load_params()
-        inner.step()
+        inner.step()  # in place, into this rank's slice of the parameters
         with torch.no_grad():
             for i, group in enumerate(self._hvdkit_groups):
-                gathered = _gather(group.shard.detach(), f"hvdkit.zero.param.{i}")
-                for param, value in zip(group.params, group.unflat(gathered), strict=True):
-                    param.copy_(value)
-                group.shard.grad = None
+                group.set_params(_gather(group.shard, f"hvdkit.zero.param.{i}"))
+                group.set_grad(None)
         self._synchronized = False
         return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients in place: they live in one flat buffer per group, which
+        autograd accumulates into (``set_to_none`` is not followed, as in DDP's
+        ``gradient_as_bucket_view``); before the first step, torch's own."""
+        if not self._hvdkit_groups:
+            torch.optim.Optimizer.zero_grad(self, set_to_none)  # type: ignore[arg-type]
+            return
+        for group in self._hvdkit_groups:
+            group.flat_grad.zero_()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """After ``synchronize()``: ``torch.nn.utils.clip_grad_norm_`` of the whole reduced
         gradient, its norm summed over the slices (an allreduce of one number)."""
         squares = sum(
-            (group.shard.grad.float() ** 2).sum()
+            (group.grad.float() ** 2).sum()
             for group in self._hvdkit_groups
-            if group.shard.grad is not None
+            if group.grad is not None
         )
         total = hvd.allreduce(
             torch.as_tensor(squares, dtype=torch.float32), op=hvd.Sum, name="hvdkit.zero.norm"
         ).sqrt()
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for group in self._hvdkit_groups:
-            if group.shard.grad is not None:
-                group.shard.grad.mul_(scale.to(group.shard.grad.dtype))
+            if group.grad is not None:
+                group.grad.mul_(scale.to(group.grad.dtype))
         return total
 
     def _hvdkit_full_state(self) -> dict[torch.Tensor, dict[str, Any]]:
@@ -265,10 +325,10 @@ class _Sharded:
         if inner is None:
             return full
         for i, group in enumerate(self._hvdkit_groups):
-            entries = inner.state.get(group.shard, {})
+            states = [inner.state.get(chunk, {}) for chunk in group.chunks]
             per_param: list[dict[str, Any]] = [{} for _ in group.params]
-            for key in sorted(entries):
-                value = entries[key]
+            for key in sorted(states[0]):
+                value = group.joined([state[key] for state in states])
                 if key != "step" and torch.is_tensor(value) and value.shape == group.shard.shape:
                     gathered = _gather(value.detach(), f"hvdkit.zero.state.{i}.{key}")
                     for entry, piece in zip(per_param, group.unflat(gathered), strict=True):
@@ -302,10 +362,16 @@ class _Sharded:
                 ):
                     flat = group.flat(values)
                     dtype = group.shard.dtype if flat.is_floating_point() else flat.dtype
-                    state[key] = group.mine(flat).to(group.shard.device, dtype).clone()
+                    state[key] = group.mine(flat).to(group.shard.device, dtype)
                 else:  # the same on every parameter (Adam's step count)
                     state[key] = copy.deepcopy(sample)
-            inner.state[group.shard] = state
+            for chunk, at in zip(group.chunks, range(0, group.layout.shard, CHUNK), strict=True):
+                inner.state[chunk] = {
+                    k: v[at : at + chunk.numel()].clone()
+                    if torch.is_tensor(v) and v.shape == group.shard.shape and k != "step"
+                    else copy.deepcopy(v)
+                    for k, v in state.items()
+                }
 
     def state_dict(self) -> dict[str, Any]:
         """Collective (every rank calls it): the state a plain optimizer of this class would
