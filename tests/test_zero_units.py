@@ -35,6 +35,15 @@ def test_one_large_tensor_is_split_across_the_ranks():
     ]
 
 
+def test_buckets_are_whole_parameters_last_first_and_splits_follow_ownership():
+    layout = Layout((128, 16, 48, 3), 2)  # 195 elements, padded to 196: 98 a rank
+    assert layout.buckets(40) == [(144, 196), (0, 144)]  # 3 + 48 >= 40, then 16 + 128
+    assert layout.buckets(1) == [(192, 196), (144, 192), (128, 144), (0, 128)]
+    assert layout.buckets(10**6) == [(0, 196)]
+    assert layout.splits(144, 196) == [0, 52] and layout.splits(0, 144) == [98, 46]
+    assert sum(sum(layout.splits(lo, hi)) for lo, hi in layout.buckets(7)) == layout.total
+
+
 def test_elastic_sharding_is_refused_with_the_fix():
     from hvdkit.core import SetupConfig
 

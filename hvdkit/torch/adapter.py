@@ -112,6 +112,7 @@ class TorchAdapter(Adapter):
             self.optimizer = zero.ShardedOptimizer(
                 self.optimizer, compression=_COMPRESSION[cfg.compression], op=_OPS[cfg.op]
             )
+            self.optimizer.backward_passes_per_step = cfg.backward_passes_per_step  # type: ignore[attr-defined]
         else:
             self.optimizer = DistributedOptimizer(
                 self.optimizer,

@@ -87,7 +87,7 @@ class Reducer:
         size = self.process_set.size()
         gathers = []
         for key, (handle, numel, shape, dtype, name) in self._started.items():
-            received = _tensor(hvd.synchronize(handle))
+            received = tensor_of(hvd.synchronize(handle))
             mine = reduce_received(received, size, self.average)
             gathered = hvd.allgather_async(
                 mine, name=f"{name}.bf16.gather", process_set=self.process_set
@@ -95,12 +95,12 @@ class Reducer:
             gathers.append((key, gathered, numel, shape, dtype))
         self._started.clear()
         for key, handle, numel, shape, dtype in gathers:
-            full = from_wire(_tensor(hvd.synchronize(handle)))[:numel]
+            full = from_wire(tensor_of(hvd.synchronize(handle)))[:numel]
             self._done[key] = full.to(dtype).view(shape)
 
 
-def _tensor(output: Any) -> torch.Tensor:
-    # alltoall's result may come with the splits received.
+def tensor_of(output: Any) -> torch.Tensor:
+    """A collective's result (``alltoall``'s may come with the splits received)."""
     return output[0] if isinstance(output, tuple) else output
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,26 @@ class Layout:
         """``[start, end)`` of the flat buffer that ``rank`` owns."""
         return rank * self.shard, (rank + 1) * self.shard
 
+    def buckets(self, limit: int) -> list[tuple[int, int]]:
+        """The flat buffer cut into ``[start, end)`` ranges of whole parameters of about
+        ``limit`` elements (a larger parameter alone), covering it all (the last one to the
+        padded end), in the order a backward pass fills them: the last parameters first."""
+        ranges, hi, elements = [], self.total, 0
+        for i in reversed(range(len(self.numels))):
+            elements += self.numels[i]
+            if elements >= limit or i == 0:
+                lo = self.offsets[i] if i > 0 else 0
+                ranges.append((lo, hi))
+                hi, elements = lo, 0
+        return ranges or [(0, self.total)]
+
+    def splits(self, start: int, end: int) -> list[int]:
+        """How many elements of ``[start, end)`` each rank owns (an ``alltoall``'s splits)."""
+        return [
+            max(0, min(end, (k + 1) * self.shard) - max(start, k * self.shard))
+            for k in range(self.size)
+        ]
+
     def pieces(self, rank: int) -> list[tuple[int, int, int]]:
         """``(parameter index, start in it, end in it)`` of each parameter overlapping
         ``rank``'s slice, in order (padding excluded)."""
@@ -91,6 +111,8 @@ class Layout:
 
 CHUNK = 1 << 21
 """Elements per inner-optimizer parameter (8 MiB of float32)."""
+BUCKET = 1 << 22
+"""Elements per reduce-scatter bucket (16 MiB of float32)."""
 
 
 class _Group:
@@ -114,6 +136,94 @@ class _Group:
         # tensor took Adam twice the time, every temporary a fresh mmap and page faults.
         self.chunks = [self.shard[a : a + CHUNK] for a in range(0, self.layout.shard, CHUNK)]
         self.grad: torch.Tensor | None = None  # the reduced gradient of the shard
+        # Buckets of whole parameters, each reduce-scattered (an alltoall) as soon as the
+        # backward pass has filled it, behind the rest of the pass.
+        self.buckets = self.layout.buckets(BUCKET)
+        offsets = self.layout.offsets
+        self.bucket_of = [
+            next(b for b, (lo, hi) in enumerate(self.buckets) if lo <= offsets[i] < hi or
+                 (offsets[i] == hi == self.layout.total))
+            for i in range(len(params))
+        ]  # fmt: skip
+        self.members = [[i for i, b in enumerate(self.bucket_of) if b == k]
+                        for k in range(len(self.buckets))]  # fmt: skip
+        self.counts = [0] * len(params)
+        self.pending: dict[int, Any] = {}
+        self.late: set[int] = set()  # buckets written to after they were sent
+        self.hooks: list[Any] = []
+
+    def watch(self, passes: Callable[[], int], wire: Callable[[torch.Tensor], torch.Tensor],
+              name: str) -> None:  # fmt: skip
+        """Send each bucket once every parameter in it has had its gradient accumulated
+        ``passes()`` times (the last backward pass of a step)."""
+        self._wire, self._name = wire, name
+
+        def ready(i: int) -> None:
+            self._take_grad(i)
+            self.counts[i] += 1
+            bucket = self.bucket_of[i]
+            if bucket in self.pending:
+                self.late.add(bucket)  # e.g. a weight used twice: sent again at the step
+            elif all(self.counts[j] >= passes() for j in self.members[bucket]):
+                self.send(bucket)
+
+        for i, p in enumerate(self.params):
+            if p.requires_grad:
+                hook = p.register_post_accumulate_grad_hook(lambda _p, i=i: ready(i))
+                self.hooks.append(hook)
+
+    def unwatch(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks.clear()
+
+    def _take_grad(self, i: int) -> None:
+        """``params[i]``'s gradient into the flat buffer, and ``p.grad`` a view there (a
+        gradient autograd allocated: the first pass, or after ``p.grad = None``)."""
+        p, (offset, n) = self.params[i], (self.layout.offsets[i], self.layout.numels[i])
+        view = self.flat_grad[offset : offset + n].view_as(p)
+        with torch.no_grad():
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+        p.grad = view
+
+    def send(self, bucket: int) -> None:
+        lo, hi = self.buckets[bucket]
+        splits = torch.tensor(self.layout.splits(lo, hi), dtype=torch.int32)
+        self.pending[bucket] = hvd.alltoall_async(
+            self._wire(self.flat_grad[lo:hi]), splits=splits, name=f"{self._name}.{bucket}"
+        )
+
+    def reduce(self, op: Any, compression: Any) -> torch.Tensor:
+        """This rank's slice of the gradients reduced over the ranks: the buckets not sent
+        during the backward pass (or written to since) are sent now, then each rank's
+        pieces of the slice are summed as they arrive."""
+        self._adopt_params()
+        for i in range(len(self.params)):
+            self._take_grad(i)
+        for bucket in sorted(self.late):
+            hvd.synchronize(self.pending.pop(bucket))
+        for bucket in range(len(self.buckets)):
+            if bucket not in self.pending:
+                self.send(bucket)
+        if self.grad is None:
+            self.set_grad(torch.empty_like(self.shard))
+        assert self.grad is not None
+        mine_lo, mine_hi = self.layout.owned(self.rank)
+        for bucket in sorted(self.pending):
+            received = bf16.tensor_of(hvd.synchronize(self.pending[bucket]))
+            lo, hi = self.buckets[bucket]
+            lo, hi = max(lo, mine_lo), min(hi, mine_hi)
+            if lo < hi:
+                self.grad[lo - mine_lo : hi - mine_lo] = reduce_received(
+                    received, self.layout.size, op == hvd.Average, compression, self.grad.dtype
+                )
+        self.pending.clear()
+        self.late.clear()
+        self.counts = [0] * len(self.params)
+        return self.grad
 
     def set_grad(self, grad: torch.Tensor | None) -> None:
         self.grad = grad
@@ -184,26 +294,26 @@ def _gather(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor if hvd.size() == 1 else hvd.allgather(tensor, name=name)
 
 
-def reduce_scatter(flat: torch.Tensor, op: Any, compression: Any, name: str) -> torch.Tensor:
-    """This rank's slice of ``flat`` reduced (``op``: Horovod's Average or Sum) over the
-    ranks: an ``alltoall`` (each rank receives every rank's copy of its slice, in
-    ``compression``'s dtype) and a local sum in ``flat``'s dtype, in rank order. Horovod's
-    own Gloo ``reducescatter`` took longer here than an ``allreduce`` of the whole buffer
-    (194 ms against 151 for 67 MB); the ``alltoall`` moves (N-1)/N of it, as a ring's
-    reduce-scatter phase does, and took 72 ms."""
-    size = hvd.size()
-    if size == 1:  # nothing to reduce with (and nothing sent: no compression, as Horovod's)
-        return flat
+def to_wire(flat: torch.Tensor, compression: Any) -> torch.Tensor:
+    """What travels for ``flat``: bf16 bits as int16, or ``compression``'s dtype."""
     if bf16.is_bf16(compression):
-        received = hvd.alltoall(bf16.to_wire(flat), name=name)
-        return bf16.from_wire(bf16.reduce_received(received, size, op == hvd.Average))
-    wire, _ = compression.compress(flat)
-    received = hvd.alltoall(wire, name=name).view(size, -1)
-    total = received.sum(0, dtype=flat.dtype)  # one pass over what came in
-    if op == hvd.Average:
+        return bf16.to_wire(flat)
+    return compression.compress(flat)[0]
+
+
+def reduce_received(
+    received: torch.Tensor, size: int, average: bool, compression: Any, dtype: torch.dtype
+) -> torch.Tensor:
+    """Every rank's copy of one piece of this rank's slice, back to back, in the wire's
+    dtype: their sum in ``dtype``, in rank order, averaged, rounded as the wire's dtype once
+    (as Horovod's reduction rounds), in ``dtype``."""
+    if bf16.is_bf16(compression):
+        return bf16.from_wire(bf16.reduce_received(received, size, average)).to(dtype)
+    total = received.view(size, -1).sum(0, dtype=dtype)  # one pass over what came in
+    if average:
         total.div_(size)
-    if wire.dtype != flat.dtype:  # rounded as the wire's dtype, as Horovod's reduction is
-        total = total.to(wire.dtype)
+    if received.dtype != dtype:
+        total = total.to(received.dtype).to(dtype)
     return total
 
 
@@ -223,6 +333,7 @@ class _Sharded:
     _hvdkit_op: Any
     _synchronized: bool
     _should_synchronize: bool
+    backward_passes_per_step: int  # the session's: the last pass of a step sends the buckets
 
     sharded = True
 
@@ -234,8 +345,18 @@ class _Sharded:
         if self._hvdkit_inner is not None and world == self._hvdkit_world:
             return
         full = self._hvdkit_full_state() if self._hvdkit_inner is not None else None
+        for old in self._hvdkit_groups:
+            old.unwatch()
         self._hvdkit_world = world
         self._hvdkit_groups = [_Group(list(g["params"]), *world) for g in self.param_groups]
+        if world[0] > 1:
+            compression = self._hvdkit_compression
+            for i, group in enumerate(self._hvdkit_groups):
+                group.watch(
+                    lambda: self.backward_passes_per_step,
+                    lambda flat: to_wire(flat, compression),
+                    f"hvdkit.zero.grad.{i}",
+                )
         groups = [
             {**{k: v for k, v in g.items() if k != "params"}, "params": list(s.chunks)}
             for g, s in zip(self.param_groups, self._hvdkit_groups, strict=True)
@@ -253,12 +374,11 @@ class _Sharded:
         """Reduce-scatter the gradients: each rank gets the average of its slice."""
         self._hvdkit_partition()
         assert self._hvdkit_inner is not None
-        for i, group in enumerate(self._hvdkit_groups):
-            reduced = reduce_scatter(
-                group.flat_grads(), self._hvdkit_op, self._hvdkit_compression,
-                f"hvdkit.zero.grad.{i}",
-            )  # fmt: skip
-            group.set_grad(reduced.to(group.shard.dtype))
+        for group in self._hvdkit_groups:
+            if hvd.size() == 1:  # nothing to reduce with, and nothing sent (as Horovod's)
+                group.set_grad(group.mine(group.flat_grads()))
+            else:
+                group.set_grad(group.reduce(self._hvdkit_op, self._hvdkit_compression))
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -287,7 +407,6 @@ class _Sharded:
         with torch.no_grad():
             for i, group in enumerate(self._hvdkit_groups):
                 group.set_params(_gather(group.shard, f"hvdkit.zero.param.{i}"))
-                group.set_grad(None)
         self._synchronized = False
         return loss
 
@@ -451,4 +570,6 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     sharded.backward_passes_per_step = 1
     if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
         tell_schedulers(optimizer, sharded)
+    if hvd.is_initialized():  # the buckets' hooks in place before the first backward pass
+        sharded._hvdkit_partition()
     return sharded

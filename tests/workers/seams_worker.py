@@ -73,9 +73,14 @@ def main() -> None:
     parser.add_argument("--marker", help="elastic: the file that says the kill happened")
     parser.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
     parser.add_argument("--shard-optimizer", action="store_true")
+    parser.add_argument("--bucket", type=int, help="ZeRO's bucket size, in elements")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
 
+    if args.bucket:  # several buckets for this small model, each sent during the backward pass
+        from hvdkit.torch import zero
+
+        zero.BUCKET = args.bucket
     model = make_model()
     optimizer = OPTIMIZERS[args.optimizer](model.parameters(), 0.05)
     scheduler = (
