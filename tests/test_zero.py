@@ -17,6 +17,7 @@ import torch
 from conftest import ROOT, WORKERS, results
 from test_seams import assert_like_the_oracle, job
 from workers.bf16_worker import targets
+from workers.tolerance import paths_close
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -38,6 +39,20 @@ def test_bf16_autocast_with_clipping_over_the_slices(tmp_path):
     """The gradient norm is the whole gradient's, summed over the ranks' slices."""
     out = job(2, tmp_path / "log", "--optimizer", "adam", "--shard-optimizer", "--amp")
     assert_like_the_oracle(out, tmp_path / "log", seams.Job(optimizer="adam", amp=True))
+
+
+def test_fp16_with_a_grad_scaler_skips_the_same_steps_as_the_plain_optimizer(tmp_path):
+    """fp16 autocast with a GradScaler that starts at 2^40: the first steps overflow. The
+    overflow check is agreed over the ranks' slices, so every rank skips the same steps as
+    the plain (allreduce) optimizer does, the scale ends the same, and the weights too (to
+    the path tolerance: the sums run in another order)."""
+    args = ["--scaler", "--optimizer", "adam", "--epochs", "3"]
+    plain = results(job(2, tmp_path / "plain", *args))
+    sharded = results(job(2, tmp_path / "sharded", *args, "--shard-optimizer"))
+    assert sharded[0]["weights"] == sharded[1]["weights"]
+    assert sharded[0]["scale"] == plain[0]["scale"] < 2.0**40  # backed off, the same way
+    assert sharded[0]["steps"] == plain[0]["steps"]
+    assert paths_close(sharded[0]["weights"], plain[0]["weights"], steps=plain[0]["steps"])
 
 
 @pytest.mark.parametrize(("before", "after"), [((2, True), (1, False)), ((1, False), (2, True))])

@@ -184,6 +184,51 @@ def _all_parameters(optimizer: Any, parameters: list[torch.Tensor] | None) -> bo
     return parameters is None or {id(p) for p in parameters} >= mine
 
 
+def _reduce_and_step_sharded(
+    optimizer: Any,
+    scaler: torch.amp.GradScaler | None,
+    clip_grad_norm: float | None,
+    parameters: list[torch.Tensor] | None,
+) -> torch.Tensor | None:
+    """:func:`reduce_and_step` for ZeRO's optimizer (:mod:`hvdkit.torch.zero`): each rank
+    holds only its slice of the reduced gradient, so the scaler's overflow check and the
+    clipping norm are agreed over the ranks, and the scaler's step skipped on all or none."""
+    if not _all_parameters(optimizer, parameters):
+        raise ValueError(
+            "shard_optimizer=True: clipping a subset of the parameters is not supported (each "
+            "rank holds its slice of the reduced gradient). Fix: clip_grad_norm over all of "
+            "them, or shard_optimizer=False"
+        )
+    optimizer.synchronize()
+    scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+    overflow = scale is not None and optimizer.unscale_grads_(scale)
+    norm = None
+    if clip_grad_norm is not None:
+        norm = torch.tensor(float("inf")) if overflow else optimizer.clip_grad_norm_(clip_grad_norm)
+    if not overflow:
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    if scaler is not None and scale is not None:
+        _update_scaler(scaler, overflow)
+    return norm
+
+
+def _update_scaler(scaler: torch.amp.GradScaler, overflow: bool) -> None:
+    """GradScaler's ``update()`` after a step it did not see (the overflow check was the
+    ranks'): back off after an overflow, grow after ``growth_interval`` clean steps. Through
+    its state dict, its public face."""
+    state = scaler.state_dict()
+    if overflow:
+        state["scale"] *= state["backoff_factor"]
+        state["_growth_tracker"] = 0
+    else:
+        state["_growth_tracker"] += 1
+        if state["_growth_tracker"] >= state["growth_interval"]:
+            state["scale"] *= state["growth_factor"]
+            state["_growth_tracker"] = 0
+    scaler.load_state_dict(state)
+
+
 def reduce_and_step(
     optimizer: Any,
     *,
@@ -193,21 +238,13 @@ def reduce_and_step(
 ) -> torch.Tensor | None:
     """Reduce what the backward passes so far left (all of them, even fewer than
     ``backward_passes_per_step``), (unscale, clip,) step; the gradient norm when clipping."""
-    sharded = getattr(optimizer, "sharded", False)
     if parameters is not None:
         parameters = list(parameters)
-    if sharded and (scaler is not None or not _all_parameters(optimizer, parameters)):
-        raise ValueError(
-            "shard_optimizer=True: a GradScaler and clipping a subset of the parameters are "
-            "not supported with a sharded optimizer yet (each rank holds its slice of the "
-            "reduced gradient). Fix: bf16 autocast (no scaler needed) with clip_grad_norm over "
-            "all parameters, or shard_optimizer=False"
-        )
+    if getattr(optimizer, "sharded", False):
+        return _reduce_and_step_sharded(optimizer, scaler, clip_grad_norm, parameters)
     optimizer.synchronize()
     norm = None
-    if clip_grad_norm is not None and sharded:
-        norm = optimizer.clip_grad_norm_(clip_grad_norm)
-    elif clip_grad_norm is not None:
+    if clip_grad_norm is not None:
         if scaler is not None:
             scaler.unscale_(optimizer)
         params = (

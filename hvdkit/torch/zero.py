@@ -420,6 +420,21 @@ class _Sharded:
         for group in self._hvdkit_groups:
             group.flat_grad.zero_()
 
+    def unscale_grads_(self, scale: float) -> bool:
+        """After ``synchronize()``, an AMP loss scale's: whether any rank's slice of the
+        reduced gradient overflowed (agreed by an allreduce of one flag, so every rank skips
+        the step or none does); if not, the slices are divided by ``scale``."""
+        bad = torch.zeros(1)
+        for group in self._hvdkit_groups:
+            if group.grad is not None and not bool(torch.isfinite(group.grad).all()):
+                bad.fill_(1.0)
+        overflow = hvd.allreduce(bad, op=hvd.Max, name="hvdkit.zero.overflow").item() > 0
+        if not overflow:
+            for group in self._hvdkit_groups:
+                if group.grad is not None:
+                    group.grad.mul_(1.0 / scale)
+        return bool(overflow)
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """After ``synchronize()``: ``torch.nn.utils.clip_grad_norm_`` of the whole reduced
         gradient, its norm summed over the slices (an allreduce of one number)."""

@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--plain-loop", action="store_true", help="for epoch in range(n)")
     parser.add_argument("--rank0-saves", action="store_true", help="save under rank == 0")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast, clip to norm 1")
+    parser.add_argument("--scaler", action="store_true",
+                        help="fp16 autocast with a GradScaler that starts too high, clip to 1")
     parser.add_argument("--compression", default="none")
     parser.add_argument("--op", default="average")
     parser.add_argument("--elastic", action="store_true")
@@ -102,7 +104,12 @@ def main() -> None:
         commit_every=args.commit,
         shard_optimizer=args.shard_optimizer,
     )
-    step_options = {"clip_grad_norm": 1.0} if args.amp else {}
+    step_options: dict = {"clip_grad_norm": 1.0} if args.amp or args.scaler else {}
+    scaler = None
+    if args.scaler:  # overflows at first: steps skipped, the scale backed off, then grown
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=3)
+        step_options["scaler"] = scaler
+    amp_dtype = torch.float16 if args.scaler else torch.bfloat16
     resets: list[list[int]] = []  # elastic: [step, size] after each reset
     generation = 0
     loader = session.shard(Indexed(), batch_size=args.batch)
@@ -128,7 +135,7 @@ def main() -> None:
                 fh.write(json.dumps({"epoch": session.epoch, "size": session.size,
                                      "indices": index.tolist()}) + "\n")  # fmt: skip
             session.optimizer.zero_grad()  # the documented loop, accumulation or not
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp):
+            with torch.autocast("cpu", dtype=amp_dtype, enabled=args.amp or args.scaler):
                 loss = F.cross_entropy(session.model(xb), yb)
             session.backward_and_step(loss, **step_options)
             if args.preempt_at and session.step_count == args.preempt_at and session.rank == 0:
@@ -148,7 +155,7 @@ def main() -> None:
         "lr_in_force": session.optimizer.param_groups[0]["lr"] * session.lr_multiplier(),
         "scheduler_lr": scheduler.get_last_lr()[0] if scheduler is not None else None,
         "position": getattr(session, "position", None) and session.position.state_dict(),
-        "resets": resets,
+        "resets": resets, "scale": scaler.get_scale() if scaler is not None else None,
     }), flush=True)  # fmt: skip
 
 
