@@ -79,7 +79,7 @@ class SetupConfig:
     ``resume`` it is loaded on rank 0 and broadcast when it exists. ``elastic`` makes the
     session survive lost and added workers (``hvdkit run --min-np``), committing its state in
     memory every ``commit_every`` optimizer steps and at each epoch end.
-    ``shard_optimizer=True`` (torch only, not with ``elastic``): ZeRO stage 1, each rank
+    ``shard_optimizer=True`` (torch only): ZeRO stage 1, each rank
     keeps the optimizer state of its slice of the parameters (:mod:`hvdkit.torch.zero`).
     """
 
@@ -125,11 +125,6 @@ class SetupConfig:
             raise ValueError("backward_passes_per_step must be >= 1")
         if self.commit_every < 1:
             raise ValueError(f"commit_every={self.commit_every}: commit every 1 step or more")
-        if self.shard_optimizer and self.elastic:
-            raise ValueError(
-                "shard_optimizer=True with elastic=True is not supported yet: ranks that join "
-                "after a reset hold no slice of the optimizer state. Fix: one of the two"
-            )
         if self.elastic and self.root_rank != 0:
             raise ValueError(
                 "elastic=True needs root_rank=0: after a reset, rank 0 holds the state"

@@ -137,3 +137,33 @@ def test_keras_distributed_optimizer_with_compression_bf16(backend):
 
 def test_a_tensorflow_tape_with_compression_bf16_inside_tf_function():
     assert_reduced_in_bf16(bf16_run("tape")["weight"], 0, torch.float32)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["plain", "sharded"])
+def test_an_elastic_kill_re_cuts_the_slices_for_each_world(tmp_path, sharded):
+    """Sharded Adam in an elastic session (kill -9 of one worker at step 7, its host back
+    after the cooldown) with accumulation, a scheduler and warmup: each commit gathers the
+    whole state, each reset re-cuts it for the new world (2 ranks, then 1, then 2 again, the
+    joiner getting rank 0's), and the weights equal one plain run that changed size at the
+    steps the resets went back to."""
+    from test_elastic import elastic_job, finished
+
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+        script="seams_worker.py",
+        worker=("--elastic", "--kill-at", "7", "--epochs", "6", "--accumulate", "2",
+                "--scheduler", "--step-delay", "0.3", "--warmup-steps", "10",
+                "--optimizer", "adam", "--bucket", "40", "--log", str(tmp_path / "log"),
+                *(["--shard-optimizer"] if sharded else [])),
+    )  # fmt: skip
+    assert out.returncode == 0 and killed is not None, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = {r["rank"]: r for r in finished(out)}
+    survivor = max(ranks.values(), key=lambda r: len(r["resets"]))
+    assert len(survivor["resets"]) == 2, f"no rejoin before the end: {survivor['resets']}"
+    (lost_at, lost_size), (joined_at, joined_size) = survivor["resets"]
+    assert (lost_size, joined_size) == (1, 2) and lost_at <= 7 <= joined_at, survivor["resets"]
+    oracle = seams.Job(
+        epochs=6, accumulate=2, scheduler=True, warmup_steps=10, optimizer="adam", elastic=True,
+        segments=[seams.Segment(2, lost_at), seams.Segment(1, joined_at), seams.Segment(2)],
+    )  # fmt: skip
+    assert_like_the_oracle(out, None, oracle, ranks=ranks)

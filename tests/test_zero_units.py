@@ -44,12 +44,6 @@ def test_buckets_are_whole_parameters_last_first_and_splits_follow_ownership():
     assert sum(sum(layout.splits(lo, hi)) for lo, hi in layout.buckets(7)) == layout.total
 
 
-def test_elastic_sharding_is_refused_with_the_fix():
-    from hvdkit.core import SetupConfig
-
-    with pytest.raises(ValueError, match="shard_optimizer=True with elastic=True"):
-        SetupConfig(shard_optimizer=True, elastic=True)
-
 
 def test_the_cost_model_of_zero_stage_1():
     """Reduce-scatter plus all-gather is the ring allreduce, step for step and byte for byte;

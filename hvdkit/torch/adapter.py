@@ -197,11 +197,13 @@ class TorchAdapter(Adapter):
     def _broadcast_state(self) -> None:
         broadcast_parameters(self.model.state_dict(), self.config.root_rank)
         if self.config.shard_optimizer:
-            # Every rank keeps its slice of the root's whole state (None: nothing resumed).
+            # Every rank keeps its slice of the root's whole state (None: nothing resumed),
+            # cut for the world as it is now (after an elastic reset, a new one).
             resumed = self._broadcast_object(self.resumed_optimizer)
-            if resumed is not None and not self.is_root:
+            if resumed is not None:
                 self.optimizer.load_state_dict(resumed)
-            self.resumed_optimizer = None
+            if not self.config.elastic:
+                self.resumed_optimizer = None
         else:
             broadcast_optimizer_state(self.optimizer, self.config.root_rank)
 
@@ -277,15 +279,21 @@ class TorchAdapter(Adapter):
         return atomic_write(path, lambda fh: torch.save(state, fh))
 
     def _snapshot(self) -> dict[str, Any]:
-        return copy.deepcopy(
+        snapshot = copy.deepcopy(
             {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         )
+        if self.config.shard_optimizer:  # what rank 0 gives the others at the next sync
+            self.resumed_optimizer = snapshot["optimizer"]
+        return snapshot
 
     def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         snapshot = copy.deepcopy(snapshot)
         self.model.load_state_dict(snapshot["model"])
         # Into the existing param groups: an LR scheduler drives those dicts, and torch's
         # load_state_dict would replace them (the scheduler then sets an LR nothing uses).
+        if self.config.shard_optimizer:  # re-cut for the world after the reset, at the sync
+            self.resumed_optimizer = snapshot["optimizer"]
+            return
         load_optimizer_state_(self.optimizer, snapshot["optimizer"])
         reset_pending(self.optimizer)
 

@@ -129,6 +129,12 @@ class _Group:
         self.flat_param = torch.zeros(self.layout.total, dtype=first.dtype, device=first.device)
         self.flat_grad = torch.zeros_like(self.flat_param)
         self._adopt_params()
+        for i, p in enumerate(params):
+            if p.requires_grad:
+                # Now, not at the next pass: zero_grad() zeroes this buffer, and a gradient
+                # left in an older one (a step cut short by an elastic reset) must not be
+                # added to the next pass's.
+                self._take_grad(i)
         start, end = self.layout.owned(rank)
         self.shard = self.flat_param[start:end]
         # The inner optimizer's parameters: the shard in pieces of at most CHUNK elements.
@@ -327,6 +333,7 @@ class _Sharded:
     _hvdkit_base: type
     _hvdkit_inner: torch.optim.Optimizer | None
     _hvdkit_template: dict[str, Any]
+    _hvdkit_loaded: dict[str, Any] | None  # the state last loaded, until the next step
     _hvdkit_groups: list[_Group]
     _hvdkit_world: tuple[int, int]
     _hvdkit_compression: Any
@@ -344,7 +351,13 @@ class _Sharded:
         world = (hvd.size(), hvd.rank())
         if self._hvdkit_inner is not None and world == self._hvdkit_world:
             return
-        full = self._hvdkit_full_state() if self._hvdkit_inner is not None else None
+        if self._hvdkit_inner is not None and self._hvdkit_inner.state:
+            # The slices were cut for another world: only the whole state re-cuts them.
+            raise RuntimeError(
+                f"hvdkit: the world changed from {self._hvdkit_world} to {world} (size, rank) "
+                "with a sharded optimizer state that was not reloaded: load_state_dict() the "
+                "whole state (hvdkit.torch.setup(..., elastic=True) does it at each reset)"
+            )
         for old in self._hvdkit_groups:
             old.unwatch()
         self._hvdkit_world = world
@@ -367,8 +380,6 @@ class _Sharded:
         inner.__dict__.update(self._hvdkit_template)
         inner.param_groups, inner.state = groups, collections.defaultdict(dict)
         self._hvdkit_inner = inner
-        if full is not None:
-            self._hvdkit_take_state(full)
 
     def synchronize(self) -> None:
         """Reduce-scatter the gradients: each rank gets the average of its slice."""
@@ -404,6 +415,7 @@ class _Sharded:
         for outer, mine in zip(self.param_groups, inner.param_groups, strict=True):
             mine.update({k: v for k, v in outer.items() if k != "params"})
         inner.step()  # in place, into this rank's slice of the parameters
+        self._hvdkit_loaded = None
         with torch.no_grad():
             for i, group in enumerate(self._hvdkit_groups):
                 group.set_params(_gather(group.shard, f"hvdkit.zero.param.{i}"))
@@ -509,7 +521,11 @@ class _Sharded:
 
     def state_dict(self) -> dict[str, Any]:
         """Collective (every rank calls it): the state a plain optimizer of this class would
-        have, in torch's format. Independent of the world size."""
+        have, in torch's format. Independent of the world size. Right after
+        ``load_state_dict`` (no step since) it is the state loaded, and gathers nothing: a
+        worker joining an elastic job commits it while the others are not gathering."""
+        if self._hvdkit_loaded is not None:
+            return self._hvdkit_loaded
         full = self._hvdkit_full_state()
         index: dict[int, int] = {}
         groups = []
@@ -525,6 +541,8 @@ class _Sharded:
         rank's slice of the per-parameter state. Every rank must be given the same one."""
         plain = _Plain(self.param_groups)
         load_optimizer_state_(plain, state_dict)  # type: ignore[arg-type]
+        self._hvdkit_loaded = state_dict
+        self._synchronized = False  # a step cut short (an elastic reset) is not taken up
         self._hvdkit_inner = None  # rebuilt for the current world, then given the slice
         self._hvdkit_partition()
         self._hvdkit_take_state(dict(plain.state))
@@ -574,6 +592,7 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     sharded.__dict__.update(own)
     sharded._hvdkit_template = dict(own)
     sharded._hvdkit_inner = None
+    sharded._hvdkit_loaded = None
     sharded._hvdkit_groups = []
     sharded._hvdkit_world = (0, 0)
     sharded._hvdkit_compression = compression
