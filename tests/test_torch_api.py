@@ -97,7 +97,10 @@ def test_the_rest_is_horovods_own_objects():
     assert own == {
         "broadcast_optimizer_state", "broadcast_parameters", "DistributedOptimizer",
         "SyncBatchNorm", "init",  # init: first stops a process no launcher started
+        "Compression",  # Horovod's subclassed, with bf16 added
     }  # fmt: skip
+    assert issubclass(hvdkit.torch.Compression, horovod.torch.Compression)
+    assert hvdkit.torch.Compression.fp16 is horovod.torch.Compression.fp16
 
 
 @pytest.mark.multiprocess
