@@ -45,8 +45,9 @@ def test_warmup_length_from_epochs_or_steps():
 def test_setup_config_validates_early():
     with pytest.raises(ValueError, match="op='max'"):
         SetupConfig(op="max")
-    with pytest.raises(ValueError, match="compression='bf16'"):
-        SetupConfig(compression="bf16")
+    with pytest.raises(ValueError, match="compression='int8'"):
+        SetupConfig(compression="int8")
+    assert SetupConfig(compression="bf16").compression == "bf16"  # issue 41
     with pytest.raises(ValueError, match="steps_per_epoch"):
         SetupConfig(warmup_epochs=5)
 
