@@ -132,6 +132,27 @@ def test_every_feature_at_once_across_a_preemption(tmp_path, before, after, op):
     assert_like_the_oracle(resumed, log, oracle)
 
 
+def killed_at_7(tmp_path: Path, *worker: str) -> tuple[subprocess.CompletedProcess, dict, int, int]:
+    """An elastic seams job of 6 epochs (accumulation 2, a scheduler) on 2 ranks, one worker
+    killed -9 at step 7 and its host back after the cooldown: the output, the ranks' results,
+    and the steps the two resets went back to (to 1 rank, then 2)."""
+    from test_elastic import elastic_job, finished
+
+    out, killed, _ = elastic_job(
+        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+        script="seams_worker.py",
+        worker=("--elastic", "--kill-at", "7", "--epochs", "6", "--accumulate", "2",
+                "--scheduler", "--step-delay", "0.3", "--log", str(tmp_path / "log"), *worker),
+    )  # fmt: skip
+    assert out.returncode == 0 and killed is not None, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = {r["rank"]: r for r in finished(out)}
+    survivor = max(ranks.values(), key=lambda r: len(r["resets"]))
+    assert len(survivor["resets"]) == 2, f"no rejoin before the end: {survivor['resets']}"
+    (lost_at, lost_size), (joined_at, joined_size) = survivor["resets"]
+    assert (lost_size, joined_size) == (1, 2) and lost_at <= 7 <= joined_at, survivor["resets"]
+    return out, ranks, lost_at, joined_at
+
+
 @pytest.mark.parametrize(
     "features",
     [["--warmup-steps", "10"], ["--amp", "--compression", "fp16", "--op", "sum"]],
@@ -143,21 +164,9 @@ def test_elastic_kill_with_accumulation_and_a_scheduler(tmp_path, features):
     across both resets, or AMP with clipping, fp16 compression and ``op="sum"``: the weights
     equal one run that changed size at the steps the resets went back to. (Elastic sessions
     recover instead of stopping on a preemption signal: those two do not meet.)"""
-    from test_elastic import elastic_job, finished
-
-    out, killed, _ = elastic_job(
-        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
-        script="seams_worker.py",
-        worker=("--elastic", "--kill-at", "7", "--epochs", "6", "--accumulate", "2",
-                "--scheduler", "--step-delay", "0.3", "--checkpoint", str(tmp_path / "c.pt"),
-                "--log", str(tmp_path / "log"), *features),
-    )  # fmt: skip
-    assert out.returncode == 0 and killed is not None, out.stdout[-3000:] + out.stderr[-3000:]
-    ranks = {r["rank"]: r for r in finished(out)}
-    survivor = max(ranks.values(), key=lambda r: len(r["resets"]))
-    assert len(survivor["resets"]) == 2, f"no rejoin before the end: {survivor['resets']}"
-    (lost_at, lost_size), (joined_at, joined_size) = survivor["resets"]
-    assert (lost_size, joined_size) == (1, 2) and lost_at <= 7 <= joined_at, survivor["resets"]
+    out, ranks, lost_at, joined_at = killed_at_7(
+        tmp_path, "--checkpoint", str(tmp_path / "c.pt"), *features
+    )
     oracle = seams.Job(
         epochs=6, accumulate=2, scheduler=True,
         warmup_steps=10 if "--warmup-steps" in features else 0,

@@ -15,7 +15,7 @@ import pytest
 import seams
 import torch
 from conftest import ROOT, WORKERS, results
-from test_seams import assert_like_the_oracle, job
+from test_seams import assert_like_the_oracle, job, killed_at_7
 from workers.bf16_worker import targets
 from workers.tolerance import paths_close
 
@@ -146,22 +146,10 @@ def test_an_elastic_kill_re_cuts_the_slices_for_each_world(tmp_path, sharded):
     whole state, each reset re-cuts it for the new world (2 ranks, then 1, then 2 again, the
     joiner getting rank 0's), and the weights equal one plain run that changed size at the
     steps the resets went back to."""
-    from test_elastic import elastic_job, finished
-
-    out, killed, _ = elastic_job(
-        tmp_path, "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
-        script="seams_worker.py",
-        worker=("--elastic", "--kill-at", "7", "--epochs", "6", "--accumulate", "2",
-                "--scheduler", "--step-delay", "0.3", "--warmup-steps", "10",
-                "--optimizer", "adam", "--bucket", "40", "--log", str(tmp_path / "log"),
-                *(["--shard-optimizer"] if sharded else [])),
-    )  # fmt: skip
-    assert out.returncode == 0 and killed is not None, out.stdout[-3000:] + out.stderr[-3000:]
-    ranks = {r["rank"]: r for r in finished(out)}
-    survivor = max(ranks.values(), key=lambda r: len(r["resets"]))
-    assert len(survivor["resets"]) == 2, f"no rejoin before the end: {survivor['resets']}"
-    (lost_at, lost_size), (joined_at, joined_size) = survivor["resets"]
-    assert (lost_size, joined_size) == (1, 2) and lost_at <= 7 <= joined_at, survivor["resets"]
+    out, ranks, lost_at, joined_at = killed_at_7(
+        tmp_path, "--warmup-steps", "10", "--optimizer", "adam", "--bucket", "40",
+        *(["--shard-optimizer"] if sharded else []),
+    )
     oracle = seams.Job(
         epochs=6, accumulate=2, scheduler=True, warmup_steps=10, optimizer="adam", elastic=True,
         segments=[seams.Segment(2, lost_at), seams.Segment(1, joined_at), seams.Segment(2)],
