@@ -206,9 +206,7 @@ class _Group:
         """This rank's slice of the gradients reduced over the ranks: the buckets not sent
         during the backward pass (or written to since) are sent now, then each rank's
         pieces of the slice are summed as they arrive."""
-        self._adopt_params()
-        for i in range(len(self.params)):
-            self._take_grad(i)
+        self.flat_grads()
         for bucket in sorted(self.late):
             hvd.synchronize(self.pending.pop(bucket))
         for bucket in range(len(self.buckets)):
@@ -258,13 +256,8 @@ class _Group:
         into it (a missing one zeros), so autograd accumulates there from the next backward
         pass on and this costs no copy."""
         self._adopt_params()
-        with torch.no_grad():
-            for p, view in zip(self.params, self.unflat(self.flat_grad), strict=True):
-                if p.grad is None:
-                    view.zero_()
-                elif p.grad.data_ptr() != view.data_ptr():
-                    view.copy_(p.grad)  # a gradient autograd allocated: the first pass
-                p.grad = view
+        for i in range(len(self.params)):
+            self._take_grad(i)
         return self.flat_grad
 
     def set_params(self, gathered: torch.Tensor) -> None:
