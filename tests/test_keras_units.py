@@ -179,3 +179,11 @@ def test_elastic_commit_callback_commits_every_n_batches_and_each_epoch_end():
     assert len(commits) == 10 // 2 + 2
     with pytest.raises(ValueError, match="batches_per_commit=0"):
         CommitStateCallback(state, batches_per_commit=0)
+
+
+def test_sharded_optimizer_state_is_refused_with_the_reason_and_the_fix():
+    import hvdkit.keras as hvd
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match=r"per variable.*Fix: shard_optimizer=False"):
+        hvd.setup(model, keras.optimizers.Adam(0.01), shard_optimizer=True)

@@ -165,8 +165,10 @@ def setup(
     config = SetupConfig(checkpoint=Path(checkpoint) if checkpoint else None, **options)
     if config.shard_optimizer:
         raise ValueError(
-            "shard_optimizer=True is not supported by hvdkit.keras yet (hvdkit.torch.setup "
-            "has it): train with shard_optimizer=False"
+            "shard_optimizer=True: hvdkit.keras does not shard optimizer state (Keras "
+            "optimizers apply constraints, weight-decay exclusions and sparse updates per "
+            "variable, which a flat shard would break; see the Keras guide). Fix: "
+            "shard_optimizer=False, or hvdkit.torch.setup(..., shard_optimizer=True)"
         )
     adapter = KerasAdapter(model, optimizer, config)
     adapter.setup()
