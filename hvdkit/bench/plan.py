@@ -60,7 +60,7 @@ def allreduce_sizes(quick: bool) -> list[int]:
 TRAINING = {
     "cnn": ((32, 5, 12), (32, 4, 3)),
     "mlp": ((64, 5, 12), (64, 4, 3)),
-    "resnet18": ((16, 2, 10), (8, 1, 3)),
+    "resnet18": ((16, 2, 16), (8, 1, 3)),
     "resnet50": ((8, 1, 6), (4, 1, 2)),
 }
 
