@@ -254,3 +254,15 @@ def test_gpu_check_is_planned_and_judged_against_the_plain_loop(tmp_path):
     assert "Training resnet50 bf16 channels_last (25.56 M params, batch 256/rank, GPU)" in text
     assert "np=1: hvdkit/plain in the same rounds 0.985" in text
     assert len(write_plots(s, tmp_path)) == 2
+
+
+def test_a_long_result_comes_back_whole_through_interleaved_tagged_lines(capsys):
+    from hvdkit.bench.worker import PIECE, emit
+
+    result = {"samples_per_s": {"plain": [700.123456789 + i for i in range(400)]}, "s": '"\\'}
+    emit(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 2 and all(len(line) < PIECE + 100 for line in lines)
+    # As mpirun hands them back under load: tagged, other ranks' output between and glued on.
+    text = "\n".join(f"[1,0]<stdout>:{line}[1,1]<stderr>:\n[1,1]<stderr>:noise" for line in lines)
+    assert parse_results(text + "\n" + f"{MARKER}{{\"y\":2}}") == [result, {"y": 2}]

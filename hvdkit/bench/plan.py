@@ -58,7 +58,7 @@ def allreduce_sizes(quick: bool) -> list[int]:
 # Per model: (batch per rank, steps per round, rounds); quick in the second entry. Many short
 # rounds rather than a few long ones: the median of per-round ratios needs the rounds.
 TRAINING = {
-    "cnn": ((32, 5, 12), (32, 4, 3)),
+    "cnn": ((32, 5, 48), (32, 4, 3)),
     "mlp": ((64, 5, 12), (64, 4, 3)),
     "resnet18": ((16, 2, 16), (8, 1, 3)),
     "resnet50": ((8, 1, 6), (4, 1, 2)),
@@ -154,7 +154,7 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
     for backend in config.keras_backends if "keras" in config.sections else ():
         # Many short rounds, as for training: 6 rounds of 30 steps gave per-run medians from
         # 0.89 to 1.02 for the same code.
-        batch, steps, rounds = (32, 6, 3) if config.quick else (64, 15, 12)
+        batch, steps, rounds = (32, 6, 3) if config.quick else (64, 15, 36)
         args = ("--backend", backend, "--batch-size", str(batch), "--steps", str(steps),
                 "--rounds", str(rounds))  # fmt: skip
         # On TensorFlow also the custom loop: DistributedGradientTape against the same loop

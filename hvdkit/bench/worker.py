@@ -12,27 +12,41 @@ from collections.abc import Callable
 from hvdkit import envvars, rank_zero
 
 MARKER = "HVDKIT_BENCH_RESULT "
+PART = "HVDKIT_BENCH_PART "  # a piece of a long result, before the MARKER line that ends it
+PIECE = 2000  # characters of JSON a line: under a pipe's atomic write (4 KiB)
 
 
 @rank_zero.rank_zero_only
 def emit(result: dict) -> None:
-    """Rank 0 prints the result on one line that :func:`parse_results` finds in the output."""
-    print(MARKER + json.dumps(result, separators=(",", ":")), flush=True)
+    """Rank 0 prints the result for :func:`parse_results`: the JSON in pieces, each on its own
+    line as a JSON string, and the last on the :data:`MARKER` line. A result line of 5.5 KB
+    came back unreadable from a loaded run under mpirun: a line longer than a pipe's atomic
+    write can reach the launcher in pieces with other output between them."""
+    text = json.dumps(result, separators=(",", ":"))
+    pieces = [text[i : i + PIECE] for i in range(0, len(text), PIECE)] or [""]
+    for piece in pieces[:-1]:
+        print(PART + json.dumps(piece), flush=True)
+    print(MARKER + pieces[-1], flush=True)
 
 
 def parse_results(text: str) -> list[dict]:
-    """Every result line in a job's output (horovodrun prefixes lines with the rank).
+    """Every result in a job's output (horovodrun prefixes lines with the rank).
 
-    Only the JSON object right after the marker is read: the launcher may glue another
-    rank's output onto the end of a long line."""
+    Only the JSON right after each marker is read: the launcher may glue another rank's
+    output onto the end of a line."""
     decoder = json.JSONDecoder()
-    results = []
+    results, pieces = [], []
     for line in text.splitlines():
-        if MARKER in line:
-            try:
-                results.append(decoder.raw_decode(line.split(MARKER, 1)[1])[0])
-            except ValueError:
-                print(f"hvdkit bench: unreadable result line: {line[:200]}", file=sys.stderr)
+        try:
+            if PART in line:
+                pieces.append(decoder.raw_decode(line.split(PART, 1)[1])[0])
+            elif MARKER in line:
+                tail = line.split(MARKER, 1)[1]
+                results.append(decoder.raw_decode("".join(pieces) + tail)[0])
+                pieces = []
+        except ValueError:
+            print(f"hvdkit bench: unreadable result line: {line[:200]}", file=sys.stderr)
+            pieces = []
     return results
 
 
