@@ -155,6 +155,10 @@ class _Group:
         ]  # fmt: skip
         self.members = [[i for i, b in enumerate(self.bucket_of) if b == k]
                         for k in range(len(self.buckets))]  # fmt: skip
+        # Where each bucket's alltoall output starts in scratch(), in elements: after the
+        # buckets before it, each N times this rank's piece of it.
+        received = [self.layout.splits(lo, hi)[rank] * size for lo, hi in self.buckets]
+        self.received_at = [sum(received[:b]) for b in range(len(received))]
         self.counts = [0] * len(params)
         self.pending: dict[int, Any] = {}
         self.late: set[int] = set()  # buckets written to after they were sent
@@ -201,7 +205,7 @@ class _Group:
         lo, hi = self.buckets[bucket]
         splits = self.layout.splits(lo, hi)
         wire = self._wire(self.flat_grad[lo:hi])
-        output, output_splits = self.received(bucket, wire.dtype, splits[self.rank])
+        output, output_splits = self.received(bucket, wire, splits[self.rank])
         self.pending[bucket] = mpi_ops._alltoall_async(
             wire, torch.tensor(splits, dtype=torch.int32), output, output_splits,
             f"{self._name}.{bucket}", hvd.global_process_set,
@@ -276,15 +280,14 @@ class _Group:
             self._scratch = torch.empty_like(self.flat_param)
         return self._scratch
 
-    def received(self, bucket: int, dtype: torch.dtype, count: int) -> tuple[Any, Any]:
+    def received(self, bucket: int, wire: torch.Tensor, count: int) -> tuple[Any, Any]:
         """Where ``bucket``'s alltoall puts what every rank sends this one (``count`` elements
-        of ``dtype`` from each): its place in :meth:`scratch`, after the buckets before it
-        (the wire's dtype is never wider than the parameters')."""
-        size = torch.tensor([], dtype=dtype).element_size()
-        before = sum(self.layout.splits(lo, hi)[self.rank] for lo, hi in self.buckets[:bucket])
-        start = before * self.layout.size * size
+        of ``wire``'s dtype from each): its place in :meth:`scratch`, after the buckets before
+        it (the wire's dtype is never wider than the parameters')."""
+        size = wire.element_size()
+        start = self.received_at[bucket] * size
         raw = self.scratch().view(torch.uint8)[start : start + count * self.layout.size * size]
-        return raw.view(dtype), torch.empty(self.layout.size, dtype=torch.int32)
+        return raw.view(wire.dtype), torch.empty(self.layout.size, dtype=torch.int32)
 
     def gather_params(self, name: str) -> None:
         """Every rank's updated slice into the parameters, gathered into :meth:`scratch`.
