@@ -15,11 +15,14 @@ SWEEP_LOAD ?= 2
 SWEEP_ARGS ?= -m multiprocess
 # The frameworks set up: their pins from $(STACK) and a Horovod built for them (the images
 # take it as a build argument; `make setup FRAMEWORKS=torch` leaves TensorFlow out).
-FRAMEWORKS ?= torch,tensorflow
+# jax is Keras's third backend: installed, but Horovod has no binding for it to build.
+FRAMEWORKS ?= torch,tensorflow,jax
+comma := ,
+HOROVOD_FRAMEWORKS = $(subst $() ,$(comma),$(filter-out jax,$(subst $(comma), ,$(FRAMEWORKS))))
 # What Horovod is built with; EXTRA_BUILD_FLAGS adds to it (docker/Dockerfile.gpu: NCCL and
 # the CUDA arch list).
 EXTRA_BUILD_FLAGS ?=
-BUILD_FLAGS ?= --frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_FLAGS)
+BUILD_FLAGS ?= --frameworks $(HOROVOD_FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_FLAGS)
 # The linters `make lint` runs (CI too), pinned so that a new release cannot fail a build.
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint

@@ -180,14 +180,38 @@ def build(
     cache = default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     bases = [f"{name}={base}" for name in ("PYTHON_IMAGE", "BASE_IMAGE", "RUNTIME_IMAGE")]
-    argv = ["build", *engine.build_flags, "-f", dockerfile, "-t", tag,
-            *[x for b in bases for x in ("--build-arg", b)], *args,
+    rest = [*[x for b in bases for x in ("--build-arg", b)], *args,
             "--build-arg", "HVDKIT_CACHE_DIR=/hvdkit-cache", "-v", f"{cache}:/hvdkit-cache",
             *[x for m in mounts for x in ("-v", m)], str(ROOT)]  # fmt: skip
+    # The build stage gets a tag of its own, so that the layers the next build reuses are never
+    # "dangling"; what a build replaces is removed (a few GB a commit filled this disk).
+    stage = f"{tag}-build-stage"
+    builds = [(stage, ["--target", "build"]), (tag, [])]
     started = time.monotonic()
     with building():
-        engine(*argv, timeout=2400)
+        before = {name: image_id(engine, name) for name, _ in builds}
+        for name, target in builds:
+            argv = ["build", *engine.build_flags, "-f", dockerfile, *target, "-t", name, *rest]
+            try:
+                engine(*argv, timeout=2400)
+            except AssertionError as error:
+                if "no space left on device" not in str(error):
+                    raise
+                raise AssertionError(
+                    f"{error}\n\nThe disk under {engine.name}'s storage is full. Remove images "
+                    f"no tag points to with `{' '.join(engine.argv)} image prune -f` (their "
+                    "layers are rebuilt when needed), then run the tests again."
+                ) from None
+        for name, _ in builds:
+            if before[name] and before[name] != image_id(engine, name):
+                engine("rmi", before[name], check=False)  # still in use by a container: kept
     return time.monotonic() - started, argv
+
+
+def image_id(engine: Engine, tag: str) -> str | None:
+    """The ID ``tag`` names now; None when there is no such image."""
+    out = engine("image", "inspect", tag, "--format", "{{.Id}}", check=False)
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def image_size(engine: Engine, tag: str = TAG) -> int:

@@ -1,4 +1,4 @@
-"""The Keras example, end to end, for short runs under horovodrun -np 2, on both backends."""
+"""The Keras example, end to end, for short runs under horovodrun -np 2, on each backend."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import run_example
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 def test_keras_mnist_reaches_90_percent_on_digits_and_resumes(backend, tmp_path):
     ckpt, best = tmp_path / "mnist.npz", tmp_path / "best.keras"
     args = ["--backend", backend, "--epochs", "10", "--checkpoint", str(ckpt)]

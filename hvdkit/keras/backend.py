@@ -1,5 +1,6 @@
 """Horovod's tensor ops for the active Keras 3 backend: ``horovod.tensorflow`` under
-``KERAS_BACKEND=tensorflow``, ``horovod.torch`` under ``KERAS_BACKEND=torch``.
+``KERAS_BACKEND=tensorflow``, ``horovod.torch`` under ``KERAS_BACKEND=torch`` and, with JAX
+arrays in and out, under ``KERAS_BACKEND=jax`` (:mod:`hvdkit.keras.backends.jax`).
 
 Everything in :mod:`hvdkit.keras` talks to Horovod through these few functions, so the
 optimizer and callbacks are written once for both backends; what differs between backends is
@@ -189,6 +190,7 @@ def init(comm: Any = None, process_sets: Any = None) -> Topology:
     if not hvd.is_initialized():
         direct.check(bool(hvd.mpi_built()))
         hvd.init(comm=comm, process_sets=process_sets)
+    current().after_init(hvd)
     return Topology.of(hvd)
 
 

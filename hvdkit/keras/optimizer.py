@@ -110,6 +110,8 @@ def reduce_gradients(
     those of the variables whose ``id`` is in ``local`` (scaled by 1 / size when
     ``scale_local_gradients``). The one reduction behind this optimizer and
     ``hvdkit.tensorflow.DistributedGradientTape``."""
+    if backend.current().reduces_in_step:
+        return _reduced_in_step(options, grads, local)
     shared = [i for i in range(len(grads)) if i >= len(variables) or id(variables[i]) not in local]
     shared_vars = [variables[i] if i < len(variables) else None for i in shared]
     with profiling.phase("communication"):
@@ -125,6 +127,42 @@ def reduce_gradients(
             for i, g in enumerate(grads)
         ]
     return grads
+
+
+def _reduced_in_step(options: Options, grads: list[Any], local: AbstractSet[int]) -> list[Any]:
+    """On JAX the gradients reach the optimizer averaged over every rank's batch already (XLA
+    reduces them inside the compiled step): nothing to send, the options checked against that."""
+    hvd = backend.horovod()
+    refused = {
+        "op=Adasum": options.op == "adasum",
+        "a process_set": options.process_set is not None
+        and options.process_set.process_set_id != hvd.global_process_set.process_set_id,
+        "local variables (register_local_var, PartialDistributedOptimizer)": bool(local),
+    }
+    for what, given in refused.items():
+        if given:
+            raise ValueError(
+                f"DistributedOptimizer with {what} is not available on KERAS_BACKEND=jax: XLA "
+                "averages every gradient over all ranks inside the compiled step. Fix: leave it "
+                "out, or use KERAS_BACKEND=tensorflow or torch"
+            )
+    if options.fp16 or options.bf16:
+        _warn_once(
+            "compression is ignored on KERAS_BACKEND=jax: XLA reduces the gradients in their "
+            "own dtype inside the compiled step"
+        )
+    if options.op == "sum":
+        return [g * hvd.size() if g is not None else g for g in grads]
+    return list(grads)
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+_WARNED: set[str] = set()
 
 
 def _allreduce_list(

@@ -15,6 +15,7 @@ from hvdkit.keras.backends.base import KerasBackend
 BACKENDS = {
     "tensorflow": "hvdkit.keras.backends.tensorflow:TensorFlowBackend",
     "torch": "hvdkit.keras.backends.torch:TorchBackend",
+    "jax": "hvdkit.keras.backends.jax:JaxBackend",
 }
 
 

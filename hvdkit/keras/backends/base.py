@@ -16,6 +16,9 @@ class KerasBackend(abc.ABC):
     #: Whether the backend can compile a step with XLA (``jit_compile``), which Horovod's
     #: ops cannot run in.
     has_xla: bool = False
+    #: Whether the compiled step itself averages the gradients over the processes (JAX: XLA
+    #: does, under Keras's DataParallel), so that the optimizer must not reduce them again.
+    reduces_in_step: bool = False
 
     @abc.abstractmethod
     def horovod(self) -> ModuleType:
@@ -55,6 +58,9 @@ class KerasBackend(abc.ABC):
     @abc.abstractmethod
     def is_sparse(self, tensor: Any) -> bool:
         """Whether ``tensor`` is a sparse gradient (reduced by allgather)."""
+
+    def after_init(self, hvd: Any) -> None:  # noqa: B027 (optional hook: most need nothing)
+        """Runs once Horovod (``hvd``, :meth:`horovod`'s module) is initialised."""
 
     def scale(self, tensor: Any, factor: float) -> Any:
         """``tensor`` times ``factor`` (a sparse gradient stays sparse)."""

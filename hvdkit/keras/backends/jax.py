@@ -1,0 +1,352 @@
+"""Keras on JAX: gradients averaged by XLA inside the compiled step; Horovod for the rest.
+
+Horovod's ops cannot run inside a compiled JAX step, so on this backend the work is split:
+
+- **The world** is Horovod's, as on the other backends (``hvdkit run``, the allocations,
+  ``mpirun``): ``init()`` starts Horovod's torch binding, then JAX's distributed runtime from it
+  (rank 0 opens the coordinator's port and broadcasts its address) unless it already runs.
+- **The gradients** are averaged by XLA: ``init()`` sets a Keras ``DataParallel`` over every
+  process's device, so the compiled step sees the global batch (each rank's batch side by
+  side) and XLA all-reduces the gradients inside it. ``DistributedOptimizer`` adds no
+  reduction of its own there.
+- **Collectives called by the script** (``hvd.allreduce``, ``broadcast``, ``*_object``...) go
+  through Horovod on host copies and return JAX arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from hvdkit.keras.backends.base import KerasBackend
+
+# Horovod's tensor ops; each takes and gives JAX arrays here (host copies in between).
+TENSOR_OPS = (
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "alltoall", "reducescatter", "grouped_reducescatter",
+)  # fmt: skip
+# Seconds: long enough for a loaded machine's start, short enough that a lost rank ends the
+# job in minutes (JAX's defaults: 300 and 100).
+INIT_TIMEOUT = 300
+HEARTBEAT_TIMEOUT = 60
+SHUTDOWN_TIMEOUT = 60
+
+
+# Ops that only move bytes, and the same-width dtypes Horovod's torch binding takes for the
+# ones it does not (Keras's seed state is uint32).
+MOVES = ("broadcast", "allgather", "grouped_allgather", "alltoall")
+CARRIERS = {"uint16": np.int16, "uint32": np.int32, "uint64": np.int64, "bfloat16": np.int16}
+
+
+def _to_torch(value: Any, move: bool) -> tuple[Any, Any]:
+    """A torch copy of ``value`` (torch may write into it), and the dtype to view the result
+    as (None: as it comes)."""
+    import torch
+
+    array = np.array(value)
+    dtype = array.dtype
+    if move and dtype.name in CARRIERS:
+        return torch.from_numpy(array.view(CARRIERS[dtype.name])), dtype
+    return torch.from_numpy(array), None
+
+
+def _to_jax(value: Any, dtype: Any) -> Any:
+    import jax.numpy as jnp
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        array = value.numpy()
+        return jnp.asarray(array if dtype is None else array.view(dtype))
+    if isinstance(value, list):
+        return [_to_jax(v, dtype) for v in value]
+    if isinstance(value, tuple):  # alltoall: (received, splits received)
+        return (_to_jax(value[0], dtype), *[_to_jax(v, None) for v in value[1:]])
+    return value
+
+
+def _tensor_op(name: str, op: Any) -> Any:
+    move = name in MOVES
+
+    def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor, (list, tuple)):
+            pairs = [_to_torch(t, move) for t in tensor]
+            inputs: Any = [t for t, _ in pairs]
+            dtype = pairs[0][1] if pairs and len({d for _, d in pairs}) == 1 else None
+            if len({d for _, d in pairs}) > 1:
+                raise TypeError(f"hvd.{name}: give the tensors of one call one dtype")
+        else:
+            inputs, dtype = _to_torch(tensor, move)
+        if kwargs.get("splits") is not None:
+            kwargs["splits"] = _to_torch(np.asarray(kwargs["splits"], dtype=np.int32), False)[0]
+        return _to_jax(op(inputs, *args, **kwargs), dtype)
+
+    call.__name__ = name
+    call.__doc__ = op.__doc__
+    return call
+
+
+class HorovodOnJax:
+    """``horovod.torch``'s API with JAX arrays in and out: what ``hvdkit.keras`` calls
+    Horovod on this backend. Queries, process sets and ``*_object`` ops are Horovod's own;
+    the async ops are not offered (a JAX array cannot be written in place)."""
+
+    def __init__(self, hvd: ModuleType) -> None:
+        self._hvd = hvd
+        for name in TENSOR_OPS:
+            setattr(self, name, _tensor_op(name, getattr(hvd, name)))
+
+    def init(self, comm: Any = None, process_sets: Any = None) -> None:
+        self._hvd.init(comm=comm, process_sets=process_sets)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.endswith(("_async", "_")) or name in ("synchronize", "poll"):
+            op = name.removesuffix("_async").rstrip("_")
+            raise AttributeError(
+                f"hvd.{name} is not offered on Keras's JAX backend: a JAX array is not reduced "
+                f"in place or in the background. Fix: use the result of hvd.{op}(...)"
+            )
+        return getattr(self._hvd, name)
+
+
+def _bootstrap_horovod() -> ModuleType:
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise ImportError(
+            "hvdkit.keras on KERAS_BACKEND=jax forms its world with Horovod's torch binding, "
+            f"which does not import here ({exc}). Fix: install hvdkit's stack (make setup), "
+            "or a Horovod built with torch (hvdkit build-horovod --frameworks torch)"
+        ) from exc
+    return hvd
+
+
+def _coordinator(hvd: ModuleType) -> str:
+    """Where JAX's coordination service listens: ``JAX_COORDINATOR_ADDRESS`` when set (JAX's
+    own variable), else a free port of rank 0's, broadcast by Horovod."""
+    given = os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if given:
+        return given
+    address = None
+    if hvd.rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        if hvd.local_size() == hvd.size():
+            host = "127.0.0.1"
+        else:
+            host = socket.gethostbyname(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
+        address = f"{host}:{port}"
+    return str(hvd.broadcast_object(address, 0, name="hvdkit.jax.coordinator"))
+
+
+def _has_cuda_plugin() -> bool:
+    return any(
+        importlib.util.find_spec(name) is not None
+        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin")
+    )
+
+
+def start_jax(hvd: ModuleType) -> None:
+    """JAX's distributed runtime over Horovod's world (once), and Keras's ``DataParallel``
+    over every process's device. Must run before the first JAX array or Keras model exists."""
+    import jax
+    import keras
+
+    if hvd.size() > 1 and not jax.distributed.is_initialized():
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            raise RuntimeError(
+                "hvdkit.keras.init() came after JAX had started (a JAX array, a Keras model or "
+                "jax.devices() was made first): JAX's distributed runtime can only start "
+                "before. Fix: call hvd.init() right after the imports, before building anything"
+            )
+        jax.distributed.initialize(
+            _coordinator(hvd), hvd.size(), hvd.rank(),
+            local_device_ids=[hvd.local_rank()] if _has_cuda_plugin() else None,
+            cluster_detection_method="deactivate", initialization_timeout=INIT_TIMEOUT,
+            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, shutdown_timeout_seconds=SHUTDOWN_TIMEOUT,
+        )  # fmt: skip
+    if hvd.size() > 1 and keras.distribution.distribution() is None:
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        distribution = keras.distribution.DataParallel(devices=devices)
+        distribution.auto_shard_dataset = False  # each rank feeds its own shard, as in Horovod
+        keras.distribution.set_distribution(distribution)
+        _place_as_horovod_does()
+        _check_equal_batches(hvd)
+        _predict_own_rows()
+
+
+def _place_as_horovod_does() -> None:
+    """Each rank's own value becomes its copy of a replicated variable, unchecked.
+
+    Keras checks, with a collective, that every process assigns the same value to a
+    replicated variable. Horovod scripts do not: each rank builds its model from its own seed
+    and the broadcast from rank 0 makes them equal, and only rank 0 reads a checkpoint before
+    broadcasting it. Placing the local value as it is gives Horovod's behaviour for both
+    (and no collective per assignment)."""
+    import jax
+    from keras.src.backend.jax import distribution_lib
+
+    original = distribution_lib.distribute_tensor
+    if getattr(original, "hvdkit", False):
+        return
+
+    def distribute_tensor(tensor: Any, layout: Any) -> Any:
+        sharding = getattr(layout, "backend_layout", layout)
+        replicated = (
+            isinstance(sharding, jax.sharding.NamedSharding)
+            and sharding.is_fully_replicated
+            and not sharding.is_fully_addressable
+        )
+        local = not isinstance(tensor, jax.Array) or tensor.is_fully_addressable
+        if not replicated or not local or isinstance(tensor, jax.core.Tracer):
+            return original(tensor, layout)
+        value = np.asarray(tensor)
+        shards = [jax.device_put(value, device) for device in sharding.addressable_devices]
+        return jax.make_array_from_single_device_arrays(value.shape, sharding, shards)
+
+    distribute_tensor.hvdkit = True  # type: ignore[attr-defined]
+    distribution_lib.distribute_tensor = distribute_tensor
+
+
+def batch_plan(adapter: Any) -> tuple[Any, ...]:
+    """What must be equal on every rank for the ranks' steps to be one program: the rows
+    and batch size of array input, else the batch count (None: unknown)."""
+    rows = getattr(adapter, "_num_samples", None)
+    if rows is not None:
+        return ("rows", int(rows), "batch size", int(adapter._batch_size))
+    return ("batches", adapter.num_batches)
+
+
+def unequal_batches_message(plans: list[tuple[Any, ...]]) -> str | None:
+    """The error for ranks whose inputs differ (``plans[r]``: rank r's :func:`batch_plan`)."""
+    if all(plan == plans[0] for plan in plans):
+        return None
+    shown = "; ".join(f"rank {r}: {' '.join(map(str, plan))}" for r, plan in enumerate(plans))
+    return (
+        f"the ranks' inputs differ ({shown}). On KERAS_BACKEND=jax one compiled step spans "
+        "every rank, so each rank's k-th batch must have the same shape as the others' (on "
+        "TensorFlow and torch each rank runs its own step). Fix: give every rank as many rows: "
+        "hvd.shard(x, y) pads the short shards; to evaluate, where padding would count rows "
+        "twice, shard the first len(x) - len(x) % hvd.size() rows"
+    )
+
+
+def _check_equal_batches(hvd: ModuleType) -> None:
+    """Make each epoch of ``fit``/``evaluate``/``predict`` first check, once, that the
+    ranks' inputs agree; unequal inputs would give every rank another program and silently
+    wrong results."""
+    from keras.src.backend.jax import trainer
+
+    original = trainer.JAXEpochIterator._get_distributed_iterator
+    if getattr(original, "hvdkit", False):
+        return
+
+    def _get_distributed_iterator(self: Any, distribution: Any) -> Any:
+        plans = hvd.allgather_object(batch_plan(self.data_adapter), name="hvdkit.jax.batches")
+        message = unequal_batches_message(plans)
+        if message:
+            raise ValueError(message)
+        yield from original(self, distribution)
+
+    _get_distributed_iterator.hvdkit = True  # type: ignore[attr-defined]
+    trainer.JAXEpochIterator._get_distributed_iterator = _get_distributed_iterator
+
+
+def _predict_own_rows() -> None:
+    """``predict`` gives each rank the predictions of its own rows, as in Horovod: the
+    compiled step's outputs span every rank, and Keras cannot read such an array."""
+    import jax
+    from keras.src import tree
+    from keras.src.backend.jax import trainer
+
+    def own_rows(value: Any) -> Any:
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            return value.addressable_shards[0].data  # one device per process
+        return value
+
+    original = trainer.JAXTrainer.make_predict_function
+    if getattr(original, "hvdkit", False):
+        return
+
+    def make_predict_function(self: Any, force: bool = False) -> Any:
+        original(self, force)
+        step = self.predict_function
+        if not getattr(step, "hvdkit", False):
+
+            def predict_function(state: Any, iterator: Any) -> Any:
+                outputs, state = step(state, iterator)
+                return tree.map_structure(own_rows, outputs), state
+
+            predict_function.hvdkit = True  # type: ignore[attr-defined]
+            self.predict_function = predict_function
+        return self.predict_function
+
+    make_predict_function.hvdkit = True  # type: ignore[attr-defined]
+    trainer.JAXTrainer.make_predict_function = make_predict_function
+
+
+def in_data_parallel() -> bool:
+    """Whether the compiled step spans the processes (hvdkit's ``DataParallel`` is set)."""
+    import keras
+
+    return keras.distribution.distribution() is not None
+
+
+class JaxBackend(KerasBackend):
+    #: The compiled step averages the gradients (XLA), not the optimizer.
+    reduces_in_step = True
+
+    def horovod(self) -> Any:
+        return _wrapper()
+
+    def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
+        return np.array(tensor)
+
+    def bf16_allreduce(
+        self, tensors: list[Any], average: bool, name: str, process_set: Any
+    ) -> list[Any]:
+        raise NotImplementedError("on JAX the gradients are reduced by XLA in the step")
+
+    def set_cpu_threads(self, threads: int) -> None:
+        # XLA sizes its CPU thread pool when JAX starts, in init(): nothing to change after.
+        pass
+
+    def gpu_count(self) -> int:
+        import jax
+
+        return len(jax.local_devices()) if jax.default_backend() == "gpu" else 0
+
+    def use_gpu(self, index: int, rank: int) -> None:
+        # Taken when JAX's runtime started (local_device_ids): this process sees one GPU.
+        pass
+
+    def device_scope(self, device: str) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def densify(self, tensors: Sequence[Any]) -> list[Any]:
+        return list(tensors)
+
+    def is_sparse(self, tensor: Any) -> bool:
+        return False
+
+    def after_init(self, hvd: Any) -> None:
+        start_jax(hvd._hvd)
+
+
+_WRAPPER: list[HorovodOnJax] = []
+
+
+def _wrapper() -> HorovodOnJax:
+    if not _WRAPPER:
+        _WRAPPER.append(HorovodOnJax(_bootstrap_horovod()))
+    return _WRAPPER[0]
