@@ -68,8 +68,8 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
     makefile = (ROOT / "Makefile").read_text()
     assert "$(BIN)/hvdkit build-horovod $(BUILD_FLAGS)" in makefile
     assert makefile_variable("BUILD_FLAGS") == (
-        "--frameworks $(FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_FLAGS)"
-    )
+        "--frameworks $(HOROVOD_FRAMEWORKS) --controllers gloo,mpi $(EXTRA_BUILD_FLAGS)"
+    )  # FRAMEWORKS less jax, which Horovod has no binding for
     assert "pip install -q --disable-pip-version-check -r $(VENV)/stack.txt" in makefile
     # No Python version pin outside the stack file, no second build command.
     assert not re.search(r"[\w-]+==\d", runs), runs
@@ -79,7 +79,10 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
     args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
     if path.name == "Dockerfile.cpu":
         assert flags is None  # exactly the Makefile's default build
-        assert args["FRAMEWORKS"] == makefile_variable("FRAMEWORKS") == "torch,tensorflow"
+        # The Makefile's default less JAX (350 MB of jaxlib, for Keras's third backend only;
+        # --build-arg FRAMEWORKS=torch,tensorflow,jax adds it).
+        assert makefile_variable("FRAMEWORKS") == "torch,tensorflow,jax"
+        assert args["FRAMEWORKS"] == "torch,tensorflow"
         assert args["KERAS_BACKEND"] == ""  # Keras's own default unless asked
     else:
         assert "--gpu-operations NCCL" in flags.group(1) and "--cuda-arch" in flags.group(1)
