@@ -27,7 +27,7 @@ def test_doctor_passes_with_allreduce_for_both_frameworks_and_controllers():
         stdin=subprocess.DEVNULL,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    for framework in ("PyTorch", "TensorFlow"):
+    for framework in ("PyTorch", "TensorFlow", "JAX (XLA)"):  # JAX: over Horovod's world
         for controller in ("gloo", "mpi"):
             assert f"PASS  allreduce {framework} / {controller}: 2 ranks" in out.stdout
     assert "PASS  Horovod build: Horovod 0.28.1" in out.stdout

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hvdkit import jax_world
 from hvdkit.keras.backends import jax as on_jax
 
 
@@ -35,7 +36,7 @@ def test_async_and_in_place_ops_are_refused_with_the_op_to_use():
 
 def test_the_coordinator_comes_from_jax_coordinator_address_when_set(monkeypatch):
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.5:4321")
-    assert on_jax._coordinator(SimpleNamespace()) == "10.0.0.5:4321"
+    assert jax_world._coordinator(SimpleNamespace()) == "10.0.0.5:4321"
 
 
 def test_rank_0_picks_a_port_and_broadcasts_the_address(monkeypatch):
@@ -48,6 +49,6 @@ def test_rank_0_picks_a_port_and_broadcasts_the_address(monkeypatch):
 
     one_host = SimpleNamespace(rank=lambda: 0, size=lambda: 2, local_size=lambda: 2,
                                broadcast_object=broadcast_object)  # fmt: skip
-    address = on_jax._coordinator(one_host)
+    address = jax_world._coordinator(one_host)
     host, port = address.rsplit(":", 1)
     assert host == "127.0.0.1" and 0 < int(port) < 65536 and sent["root"] == 0

@@ -217,7 +217,7 @@ def allreduce_check(
 ) -> Check:
     """A real allreduce + broadcast: ``np`` ranks on localhost, or one per slot of ``hosts``."""
     where = "" if hosts is None else " across hosts"
-    name = f"allreduce{where} {FRAMEWORK_NAMES[framework]} / {controller}"
+    name = f"allreduce{where} {CHECKED_NAMES[framework]} / {controller}"
     horovodrun = _horovodrun()
     if horovodrun is None:
         return Check(FAIL, name, "horovodrun not found", "hvdkit build-horovod")
@@ -259,8 +259,14 @@ def allreduce_check(
     return Check(FAIL, name, failures[-1], diagnose(text))
 
 
+# JAX has no Horovod binding: its check starts JAX's runtime over Horovod's torch world and
+# sums in one XLA program across the processes (Keras on JAX's gradient path).
+CHECKED_NAMES = {**FRAMEWORK_NAMES, "jax": "JAX (XLA)"}
+
+
 def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) -> Iterator[Check]:
-    """One allreduce per framework and controller that Horovod was built with."""
+    """One allreduce per framework and controller that Horovod was built with, and JAX's over
+    each controller when JAX is installed."""
     for framework, pretty in FRAMEWORK_NAMES.items():
         if not matrix.frameworks.get(framework):
             continue
@@ -276,3 +282,7 @@ def allreduce_checks(matrix: BuildMatrix, network_interface: str | None = None) 
                 )
                 continue
             yield allreduce_check(framework, controller, network_interface=network_interface)
+    if dist_version("jax") and matrix.frameworks.get("torch") and framework_version("torch"):
+        for controller in CONTROLLERS:
+            if matrix.controllers.get(controller):
+                yield allreduce_check("jax", controller, network_interface=network_interface)

@@ -1,7 +1,9 @@
 """Run by ``hvdkit doctor`` under ``horovodrun -np 2``: one real allreduce and broadcast with
 the named framework's Horovod ops, checked against the values they must produce.
 
-Usage: ``python -m hvdkit.doctor.worker torch|tensorflow``
+Usage: ``python -m hvdkit.doctor.worker torch|tensorflow|jax``. ``jax``: JAX's runtime started
+over Horovod's world (:mod:`hvdkit.jax_world`), and the sum and broadcast computed by XLA in one
+compiled program over every process's device, the path Keras's gradients take on JAX.
 """
 
 from __future__ import annotations
@@ -32,9 +34,34 @@ def _tensorflow() -> tuple[int, int, list[float], list[float]]:
     return hvd.rank(), hvd.size(), summed.numpy().tolist(), got.numpy().tolist()
 
 
+def _jax() -> tuple[int, int, list[float], list[float]]:
+    import horovod.torch as hvd
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from hvdkit import jax_world
+
+    hvd.init()
+    jax_world.start(hvd)
+    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: d.process_index)), ("ranks",))
+    by_rank = NamedSharding(mesh, PartitionSpec("ranks"))
+    everywhere = NamedSharding(mesh, PartitionSpec())
+
+    def stacked(value: float) -> jax.Array:  # row r: rank r's value
+        row = np.full((1, 4), value, np.float32)
+        parts = [jax.device_put(row, device) for device in by_rank.addressable_devices]
+        return jax.make_array_from_single_device_arrays((hvd.size(), 4), by_rank, parts)
+
+    summed = jax.jit(lambda a: a.sum(0), out_shardings=everywhere)(stacked(hvd.rank() + 1.0))
+    got = jax.jit(lambda a: a[0], out_shardings=everywhere)(stacked(hvd.rank() * 10 + 7.0))
+    total, root = (np.asarray(x.addressable_data(0)).tolist() for x in (summed, got))
+    return hvd.rank(), hvd.size(), total, root
+
+
 def main(argv: list[str] | None = None) -> int:
     framework = (argv if argv is not None else sys.argv[1:] or ["torch"])[0]
-    run = {"torch": _torch, "tensorflow": _tensorflow}[framework]
+    run = {"torch": _torch, "tensorflow": _tensorflow, "jax": _jax}[framework]
     rank, size, summed, broadcast = run()
     want_sum = float(size * (size + 1) // 2)
     ok = all(v == want_sum for v in summed) and all(v == 7.0 for v in broadcast)

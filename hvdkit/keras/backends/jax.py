@@ -16,9 +16,6 @@ Horovod's ops cannot run inside a compiled JAX step, so on this backend the work
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
-import socket
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import ModuleType
@@ -26,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdkit import jax_world
 from hvdkit.keras.backends.base import KerasBackend
 
 # Horovod's tensor ops; each takes and gives JAX arrays here (host copies in between).
@@ -33,13 +31,6 @@ TENSOR_OPS = (
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "alltoall", "reducescatter", "grouped_reducescatter",
 )  # fmt: skip
-# Seconds: long enough for a loaded machine's start, short enough that a lost rank ends the
-# job in minutes (JAX's defaults: 300 and 100).
-INIT_TIMEOUT = 300
-HEARTBEAT_TIMEOUT = 60
-SHUTDOWN_TIMEOUT = 60
-
-
 # Ops that only move bytes, and the same-width dtypes Horovod's torch binding takes for the
 # ones it does not (Keras's seed state is uint32).
 MOVES = ("broadcast", "allgather", "grouped_allgather", "alltoall")
@@ -128,53 +119,13 @@ def _bootstrap_horovod() -> ModuleType:
     return hvd
 
 
-def _coordinator(hvd: ModuleType) -> str:
-    """Where JAX's coordination service listens: ``JAX_COORDINATOR_ADDRESS`` when set (JAX's
-    own variable), else a free port of rank 0's, broadcast by Horovod."""
-    given = os.environ.get("JAX_COORDINATOR_ADDRESS")
-    if given:
-        return given
-    address = None
-    if hvd.rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
-        if hvd.local_size() == hvd.size():
-            host = "127.0.0.1"
-        else:
-            host = socket.gethostbyname(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
-        address = f"{host}:{port}"
-    return str(hvd.broadcast_object(address, 0, name="hvdkit.jax.coordinator"))
-
-
-def _has_cuda_plugin() -> bool:
-    return any(
-        importlib.util.find_spec(name) is not None
-        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin")
-    )
-
-
 def start_jax(hvd: ModuleType) -> None:
     """JAX's distributed runtime over Horovod's world (once), and Keras's ``DataParallel``
     over every process's device. Must run before the first JAX array or Keras model exists."""
     import jax
     import keras
 
-    if hvd.size() > 1 and not jax.distributed.is_initialized():
-        from jax._src import xla_bridge
-
-        if xla_bridge.backends_are_initialized():
-            raise RuntimeError(
-                "hvdkit.keras.init() came after JAX had started (a JAX array, a Keras model or "
-                "jax.devices() was made first): JAX's distributed runtime can only start "
-                "before. Fix: call hvd.init() right after the imports, before building anything"
-            )
-        jax.distributed.initialize(
-            _coordinator(hvd), hvd.size(), hvd.rank(),
-            local_device_ids=[hvd.local_rank()] if _has_cuda_plugin() else None,
-            cluster_detection_method="deactivate", initialization_timeout=INIT_TIMEOUT,
-            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, shutdown_timeout_seconds=SHUTDOWN_TIMEOUT,
-        )  # fmt: skip
+    jax_world.start(hvd)
     if hvd.size() > 1 and keras.distribution.distribution() is None:
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         distribution = keras.distribution.DataParallel(devices=devices)
