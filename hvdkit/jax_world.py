@@ -22,7 +22,6 @@ HEARTBEAT_TIMEOUT = 60
 SHUTDOWN_TIMEOUT = 60
 
 
-
 def _coordinator(hvd: ModuleType) -> str:
     """Where JAX's coordination service listens: ``JAX_COORDINATOR_ADDRESS`` when set (JAX's
     own variable), else a free port of rank 0's, broadcast by Horovod."""
@@ -47,7 +46,6 @@ def _has_cuda_plugin() -> bool:
         importlib.util.find_spec(name) is not None
         for name in ("jax_cuda12_plugin", "jax_cuda13_plugin")
     )
-
 
 
 def _has_cuda_plugin() -> bool:
