@@ -48,13 +48,6 @@ def _has_cuda_plugin() -> bool:
     )
 
 
-def _has_cuda_plugin() -> bool:
-    return any(
-        importlib.util.find_spec(name) is not None
-        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin")
-    )
-
-
 def start(hvd: ModuleType) -> None:
     """Start JAX's runtime with Horovod's ranks (``hvd``: an initialised Horovod module), once;
     on a GPU machine each process takes the GPU of its local rank. Must come before the first
