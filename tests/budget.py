@@ -77,6 +77,7 @@ BUDGETED: dict[str, float] = {
     "test_docs.py::test_the_docs_code_runs[spark-run]": 25,
     "test_docs.py::test_the_docs_code_runs[migrating-imports]": 12,
     "test_docs.py::test_the_docs_code_runs[torch-import]": 5,
+    "test_docs.py::test_the_docs_code_runs[keras-jax]": 12,  # test_keras_jax.py trains so
     # Moved here for the docs' tests (2026-11-26): the quick starts train to equal weights on
     # 2 ranks through setup() on both frameworks, and first-run trains this example.
     "test_examples_torch.py::test_mnist_mlp_reaches_90_percent_on_digits": 35,
