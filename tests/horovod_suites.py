@@ -11,7 +11,9 @@ counts. Needs ``mock`` and ``parameterized`` (Horovod's test dependencies).
 
 ``--raw`` runs the same files against Horovod itself (only the Keras 3 edits), to compare.
 ``--examples`` runs Horovod's three TensorFlow 2 examples instead (``EXAMPLES``), each on Gloo
-and MPI, and says whether the ranks ended with identical weights.
+and MPI, and says whether the ranks ended with identical weights. ``--keras-examples`` runs its
+Keras examples (``KERAS_EXAMPLES``) on Gloo under each Keras 3 backend (TensorFlow, torch, JAX),
+with the same verdict and each run's seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 TAG = "v0.28.1"
@@ -92,6 +95,43 @@ EXAMPLES = {
     ]),
 }  # fmt: skip
 
+# Horovod's Keras examples: path -> (arguments, edits), as for EXAMPLES: local data, Keras 3
+# (compile() has no experimental_run_tf_function, ModelCheckpoint writes .keras not .h5, the
+# optimizer's lr is learning_rate and keras.backend has no set_value), fewer steps, and the
+# import. The same files run on every backend: their tf.keras is Keras 3 on KERAS_BACKEND.
+KERAS_IMPORT = ("import horovod.tensorflow.keras as hvd\n", "import hvdkit.keras as hvd\n")
+KERAS_EXAMPLES = {
+    "examples/tensorflow2/tensorflow2_keras_mnist.py": ([], [
+        ("tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())", LOCAL_MNIST),
+        (",\n                        experimental_run_tf_function=False)", ")"),
+        ("'./checkpoint-{epoch}.h5'", "'./checkpoint-{epoch}.keras'"),
+        ("steps_per_epoch=500 // hvd.size(), callbacks=callbacks, epochs=24",
+         "steps_per_epoch=20 // hvd.size(), callbacks=callbacks, epochs=2"),
+    ]),
+    "examples/tensorflow2/tensorflow2_keras_synthetic_benchmark.py": ([
+        "--model", "MobileNetV3Small", "--batch-size", "8", "--num-batches-per-iter", "2",
+        "--num-iters", "2", "--no-cuda",
+    ], [
+        (",\n              experimental_run_tf_function=False)", ")"),
+    ]),
+    "examples/elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py": ([], [
+        ("tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())", LOCAL_MNIST),
+        (",\n                    experimental_run_tf_function=False)", ")"),
+        ("tf.keras.backend.set_value(state.model.optimizer.lr,  0.001 * hvd.size())",
+         "state.model.optimizer.learning_rate.assign(0.001 * hvd.size())"),
+        ("'./checkpoint-{epoch}.h5'", "'./checkpoint-{epoch}.keras'"),
+        ("steps_per_epoch=500 // hvd.size(),\n                    epochs=24-state.epoch",
+         "steps_per_epoch=20 // hvd.size(),\n                    epochs=2-state.epoch"),
+    ]),
+}  # fmt: skip
+# Horovod's Keras examples left out, and why.
+KERAS_EXCLUDED = {
+    path: "TF1 only (tf.ConfigProto, K.set_session(tf.Session(...))): no TensorFlow 2.21 runs it"
+    for path in ("examples/keras/keras_mnist.py", "examples/keras/keras_mnist_advanced.py",
+                 "examples/keras/keras_imagenet_resnet50.py")
+}  # fmt: skip
+KERAS_BACKENDS = ("tensorflow", "torch", "jax")
+
 # Put before each example: at exit, each rank prints a digest of every Keras model's trainable
 # weights (BatchNormalization's moving statistics follow each rank's data, as in Horovod).
 DIGEST_AT_EXIT = """\
@@ -99,7 +139,9 @@ import atexit as _atexit, gc as _gc, hashlib as _hashlib, os as _os
 def _hvdkit_digest():
     import keras
     weights = sorted(
-        _hashlib.sha256(b"".join(v.numpy().tobytes() for v in m.trainable_variables)).hexdigest()[:16]
+        _hashlib.sha256(b"".join(
+            keras.ops.convert_to_numpy(v).tobytes() for v in m.trainable_variables
+        )).hexdigest()[:16]
         for m in _gc.get_objects() if isinstance(m, keras.Model)
     )
     rank = _os.environ.get("HOROVOD_RANK", _os.environ.get("OMPI_COMM_WORLD_RANK"))
@@ -126,34 +168,78 @@ def port(text: str, name: str, raw: bool) -> str:
     return text
 
 
+def port_example(args: argparse.Namespace, path: str, edits: list, root: Path) -> Path:
+    """The example at ``path`` with ``edits`` applied, and the digest printer before it."""
+    text = source(args.horovod_src, path)
+    for before, after in edits:
+        if before not in text:
+            raise SystemExit(f"{path}: {before.strip()!r} not found: is this Horovod {TAG}?")
+        text = text.replace(before, after)
+    script = root / Path(path).name
+    script.write_text(DIGEST_AT_EXIT + text)
+    return script
+
+
+def run_example(
+    horovodrun: str,
+    root: Path,
+    script: Path,
+    example_args: list[str],
+    controller: str,
+    keras_backend: str,
+    log: Path | None = None,
+) -> bool:
+    """Run ``script`` on 2 ranks; print its exit code, whether the ranks' weights are equal,
+    the last error and the seconds it took. True when it passed."""
+    env = {**os.environ, "KERAS_BACKEND": keras_backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    started = time.monotonic()
+    out = subprocess.run(
+        [horovodrun, "-np", "2", "-H", "localhost:2", f"--{controller}", sys.executable,
+         str(script), *example_args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    if log:
+        log.mkdir(parents=True, exist_ok=True)
+        name = f"{script.stem}.{controller}.{keras_backend}.log"
+        (log / name).write_text(out.stdout + out.stderr)
+    digests = dict(re.findall(r"DIGEST (\d) ([0-9a-f/]+)", out.stdout))
+    identical = len(digests) == 2 and len(set(digests.values())) == 1
+    errors = re.findall(
+        r"^\[\d\]<std(?:err|out)>:(\w+(?:Error|Exception): .*)$", out.stderr + out.stdout, re.M
+    )
+    if out.returncode != 0:
+        verdict = "failed"
+    else:
+        verdict = "ranks identical" if identical else f"ranks differ: {digests}"
+    print(
+        f"{script.name} ({controller}, {keras_backend}): exit {out.returncode}, {verdict}, "
+        f"{seconds:.0f} s" + (f"; {errors[-1][:200]}" if errors else ""),
+        flush=True,
+    )
+    return out.returncode == 0 and identical
+
+
 def run_examples(args: argparse.Namespace, horovodrun: str, root: Path) -> int:
     failed = 0
     old, new = "import horovod.tensorflow as hvd\n", "import hvdkit.tensorflow as hvd\n"
     for path, (example_args, edits) in EXAMPLES.items():
-        text = source(args.horovod_src, path)
-        for before, after in edits + ([] if args.raw else [(old, new)]):
-            if before not in text:
-                raise SystemExit(f"{path}: {before.strip()!r} not found: is this Horovod {TAG}?")
-            text = text.replace(before, after)
-        script = root / Path(path).name
-        script.write_text(DIGEST_AT_EXIT + text)
+        script = port_example(args, path, edits + ([] if args.raw else [(old, new)]), root)
         for controller in ("gloo", "mpi"):
-            env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
-            out = subprocess.run(
-                [horovodrun, "-np", "2", "-H", "localhost:2", f"--{controller}", sys.executable,
-                 str(script), *example_args],
-                cwd=root, env=env, capture_output=True, text=True, timeout=1800,
-            )  # fmt: skip
-            digests = dict(re.findall(r"DIGEST (\d) ([0-9a-f/]+)", out.stdout))
-            identical = len(digests) == 2 and len(set(digests.values())) == 1
-            errors = re.findall(r"^\[\d\]<stderr>:(\w+Error: .*)$", out.stderr + out.stdout, re.M)
-            if out.returncode != 0:
-                verdict = "failed"
-            else:
-                verdict = "ranks identical" if identical else f"ranks differ: {digests}"
-            print(f"{Path(path).name} ({controller}): exit {out.returncode}, {verdict}"
-                  + (f"; {errors[-1][:200]}" if errors else ""))  # fmt: skip
-            failed += out.returncode != 0 or not identical
+            failed += not run_example(horovodrun, root, script, example_args, controller,
+                                      "tensorflow", args.log)  # fmt: skip
+    return 1 if failed else 0
+
+
+def run_keras_examples(args: argparse.Namespace, horovodrun: str, root: Path) -> int:
+    for path, why in KERAS_EXCLUDED.items():
+        print(f"{Path(path).name}: excluded: {why}")
+    failed = 0
+    for path, (example_args, edits) in KERAS_EXAMPLES.items():
+        script = port_example(args, path, edits + ([] if args.raw else [KERAS_IMPORT]), root)
+        for keras_backend in KERAS_BACKENDS:
+            failed += not run_example(horovodrun, root, script, example_args, "gloo",
+                                      keras_backend, args.log)  # fmt: skip
     return 1 if failed else 0
 
 
@@ -163,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", action="store_true", help="run against Horovod, not hvdkit")
     parser.add_argument("--only", nargs="*", default=list(SUITES), choices=list(SUITES))
     parser.add_argument("--examples", action="store_true", help="the TF2 examples instead")
-    parser.add_argument("--log", type=Path, help="keep each suite's whole output here")
+    parser.add_argument(
+        "--keras-examples", action="store_true", help="the Keras examples on each Keras backend"
+    )
+    parser.add_argument("--log", type=Path, help="keep each run's whole output here")
     parser.add_argument("-k", dest="select", default=None, help="pytest's -k, to rerun a few")
     args = parser.parse_args(argv)
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
@@ -172,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         if args.examples:
             return run_examples(args, horovodrun, root)
+        if args.keras_examples:
+            return run_keras_examples(args, horovodrun, root)
         (root / "utils").mkdir()
         (root / "parallel").mkdir()
         (root / "utils" / "common.py").write_text(source(args.horovod_src, "test/utils/common.py"))
@@ -189,13 +280,16 @@ def main(argv: list[str] | None = None) -> int:
                  *(["-k", args.select] if args.select else [])],
                 cwd=root / "parallel", env=env, capture_output=True, text=True, timeout=1800,
             )  # fmt: skip
-            counts = re.findall(r"^\[0\]<stdout>:(=* ?\d+ (?:passed|failed).*?)=*$", out.stdout, re.M)
+            counts = re.findall(
+                r"^\[0\]<stdout>:(=* ?\d+ (?:passed|failed).*?)=*$", out.stdout, re.M
+            )
             failures = sorted(set(re.findall(r"^\[\d\]<stdout>:(?:FAILED|SUBFAIL) (\S+)",
                                              out.stdout, re.M)))  # fmt: skip
             if args.log:
                 args.log.mkdir(parents=True, exist_ok=True)
                 (args.log / f"{name}.log").write_text(out.stdout + out.stderr)
-            print(f"{name}: {counts[-1] if counts else 'no summary (exit ' + str(out.returncode) + ')'}")
+            summary = counts[-1] if counts else f"no summary (exit {out.returncode})"
+            print(f"{name}: {summary}")
             for test in failures:
                 print(f"  FAILED {test}")
             failed += out.returncode != 0

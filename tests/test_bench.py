@@ -46,7 +46,7 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
         assert set(m["efficiency"]["2"]) == {"plain", "hvdkit", "horovod", "ddp"}
         assert 0 < m["bound"]["2"] < 1 and 0 < m["bound_same_run"]["2"] < 1
     assert summary["training"]["cnn"]["threads_effect"]["2"] > 0  # measured on the first model
-    for backend in ("tensorflow", "torch", "tensorflow custom loop"):
+    for backend in ("tensorflow", "torch", "jax", "tensorflow custom loop"):
         assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
     assert 0.5 < summary["profile"]["on_vs_off"] < 2  # a ratio of two real rates

@@ -61,7 +61,7 @@ def test_plan_covers_every_section_and_world_size():
     training = next(j for j in jobs if j.label == "cnn,resnet18 np=2")
     assert training.args == ("--spec", "cnn:32:4:3", "--spec", "resnet18:8:1:3",
                              "--threads-variant-for", "cnn")  # fmt: skip
-    for backend in ("tensorflow", "torch"):
+    for backend in ("tensorflow", "torch", "jax"):
         job = next(j for j in jobs if j.label == f"keras {backend} np=2")
         assert job.env["KERAS_BACKEND"] == backend and job.env["HVDKIT_BENCH_THREADS"] == "1"
     torch_dist = [j.controller for j in jobs if "--torch-dist" in j.args]
@@ -80,7 +80,7 @@ def test_plan_covers_every_section_and_world_size():
         (BenchConfig(sections=("allreduce", "disk")), "--only disk"),
         (BenchConfig(controllers=("mpi",)), "--controllers mpi: this Horovod cannot use MPI"),
         (BenchConfig(models=("vgg",)), "--models vgg"),
-        (BenchConfig(keras_backends=("jax",)), "--keras-backends jax"),
+        (BenchConfig(keras_backends=("mxnet",)), "--keras-backends mxnet"),
     ],
 )
 def test_bad_options_are_named(config, message):

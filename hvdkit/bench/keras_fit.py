@@ -4,7 +4,9 @@ Both variants train the same CNN (the MNIST example's) on the same synthetic bat
 same optimizer, on one model. With ``--loop fit``, both are a plain ``model.fit``: "hvdkit"
 with ``hvdkit.keras.DistributedOptimizer``, "by hand" with an SGD subclass whose ``apply``
 calls Horovod's grouped allreduce on the gradients itself (what Horovod's Keras optimizer
-does). With ``--loop custom`` (TensorFlow backend), both are a ``tf.function`` custom-loop
+does). On JAX "by hand" is the job written on ``jax.distributed``: Keras's own SGD under the
+``DataParallel`` step that ``hvd.init()`` set up (XLA averages the gradients in the step); the
+runtime is started once per process, outside the timed steps. With ``--loop custom`` (TensorFlow backend), both are a ``tf.function`` custom-loop
 step: "hvdkit" with ``hvdkit.tensorflow.DistributedGradientTape``, "by hand" with the same
 grouped allreduce written out. Rounds alternate between the two so that machine noise hits
 both; rank 0 prints samples/s per variant and the ratio, and the result line ``hvdkit bench``
@@ -27,7 +29,7 @@ from hvdkit.bench.worker import emit, pinned_threads, timed_rounds
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("tensorflow", "torch"), default=None)
+    parser.add_argument("--backend", choices=("tensorflow", "torch", "jax"), default=None)
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--steps", type=int, default=40, help="steps per round (>= 2)")
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds per variant")
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     threads = pinned_threads(hvd.local_size())
     backend.set_cpu_threads(threads)  # the same at every world size
     hvdops = backend.horovod()
+    on_jax = keras.config.backend() == "jax"
 
     class HandSGD(keras.optimizers.SGD):
         """SGD whose ``apply`` averages the gradients with Horovod's grouped allreduce first:
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         is the same for both variants; only the optimizer differs."""
 
         def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-            grads = hvdops.grouped_allreduce(list(grads), op=hvdops.Average)
+            if not on_jax:  # on JAX, XLA has averaged them in the step already
+                grads = hvdops.grouped_allreduce(list(grads), op=hvdops.Average)
             return super().apply(grads, trainable_variables)
 
     def cnn() -> Any:
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         }
         wired: dict[str, Any] = {}
         for name, optimizer in optimizers.items():
-            model.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+            # JAX compiles its step always; Horovod's ops have no XLA kernels elsewhere.
+            model.compile(optimizer=optimizer, loss=loss, jit_compile=on_jax)
             timed_fit(model)  # traces the step, builds the optimizer
             wired[name] = (optimizer, model.train_function)
 

@@ -11,7 +11,7 @@ from hvdkit.build.config import Controller
 from hvdkit.launch.plan import default_controller
 
 SECTIONS = ("allreduce", "training", "keras", "pipeline", "profile", "memory")
-KERAS_BACKENDS = ("tensorflow", "torch")
+KERAS_BACKENDS = ("tensorflow", "torch", "jax")
 
 
 @dataclass(frozen=True)
