@@ -96,15 +96,14 @@ EXAMPLES = {
 }  # fmt: skip
 
 # Horovod's Keras examples: path -> (arguments, edits), as for EXAMPLES: local data, Keras 3
-# (compile() has no experimental_run_tf_function, ModelCheckpoint writes .keras not .h5, the
-# optimizer's lr is learning_rate and keras.backend has no set_value), fewer steps, and the
-# import. The same files run on every backend: their tf.keras is Keras 3 on KERAS_BACKEND.
+# (compile() has no experimental_run_tf_function, the optimizer's lr is learning_rate and
+# keras.backend has no set_value), fewer steps, and the import. The same files run on every
+# backend: their tf.keras is Keras 3 on KERAS_BACKEND.
 KERAS_IMPORT = ("import horovod.tensorflow.keras as hvd\n", "import hvdkit.keras as hvd\n")
 KERAS_EXAMPLES = {
     "examples/tensorflow2/tensorflow2_keras_mnist.py": ([], [
         ("tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())", LOCAL_MNIST),
         (",\n                        experimental_run_tf_function=False)", ")"),
-        ("'./checkpoint-{epoch}.h5'", "'./checkpoint-{epoch}.keras'"),
         ("steps_per_epoch=500 // hvd.size(), callbacks=callbacks, epochs=24",
          "steps_per_epoch=20 // hvd.size(), callbacks=callbacks, epochs=2"),
     ]),
@@ -119,7 +118,6 @@ KERAS_EXAMPLES = {
         (",\n                    experimental_run_tf_function=False)", ")"),
         ("tf.keras.backend.set_value(state.model.optimizer.lr,  0.001 * hvd.size())",
          "state.model.optimizer.learning_rate.assign(0.001 * hvd.size())"),
-        ("'./checkpoint-{epoch}.h5'", "'./checkpoint-{epoch}.keras'"),
         ("steps_per_epoch=500 // hvd.size(),\n                    epochs=24-state.epoch",
          "steps_per_epoch=20 // hvd.size(),\n                    epochs=2-state.epoch"),
     ]),

@@ -97,6 +97,15 @@ CELLS: tuple[Cell, ...] = (
         keras_backend="tensorflow",
     ),
     Cell(
+        "py312-jax-keras",
+        "3.12",
+        ("jax==0.10.2", "keras", "torch==2.14.1"),
+        KERAS_CHECKS,
+        "JAX 0.10.2 + Keras 3 on its JAX backend, no TensorFlow; Horovod built for torch, "
+        "through which hvdkit forms JAX's world",
+        keras_backend="jax",
+    ),
+    Cell(
         "py313-torch-keras",
         "3.13",
         ("torch", "keras"),

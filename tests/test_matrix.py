@@ -20,6 +20,8 @@ def test_cells_cover_what_users_install():
     assert {c.python for c in CELLS} == {"3.11", "3.12", "3.13"}
     newest = next(c for c in CELLS if c.name == "py313-torch-keras")
     assert newest.keras_backend == "torch" and newest.lift_cap
+    on_jax = next(c for c in CELLS if c.name == "py312-jax-keras")  # Keras's third backend
+    assert on_jax.keras_backend == "jax" and any(p.startswith("jax==") for p in on_jax.packages)
 
 
 def test_check_result_wants_equal_ranks_and_a_real_step():

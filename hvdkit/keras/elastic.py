@@ -95,7 +95,22 @@ class KerasState(ElasticState):
             **kwargs,
         )
 
+    def save(self) -> None:
+        # Mid-epoch on JAX, Keras's trainer holds the live values and has emptied the
+        # variables; they are written back only on request (as Callback.model does).
+        sync = getattr(self.model, "jax_state_sync", None)
+        if sync is not None and getattr(self.model, "_jax_state", None) is not None:
+            sync()
+        super().save()
+
     def reset(self) -> None:
+        if keras.config.backend() == "jax":
+            raise RuntimeError(
+                "hvdkit.keras elastic: recovering onto another set of workers is not available "
+                "on KERAS_BACKEND=jax (JAX's runtime cannot change its processes while they "
+                "run). Fix: restart the whole job after a failure, with setup(checkpoint=...) "
+                "to resume it, or use KERAS_BACKEND=tensorflow or torch for elastic training"
+            )
         drop_compiled(self.model)
 
 
