@@ -5,12 +5,12 @@ same optimizer, on one model. With ``--loop fit``, both are a plain ``model.fit`
 with ``hvdkit.keras.DistributedOptimizer``, "by hand" with an SGD subclass whose ``apply``
 calls Horovod's grouped allreduce on the gradients itself (what Horovod's Keras optimizer
 does). On JAX "by hand" is the job written on ``jax.distributed``: Keras's own SGD under the
-``DataParallel`` step that ``hvd.init()`` set up (XLA averages the gradients in the step); the
-runtime is started once per process, outside the timed steps. With ``--loop custom`` (TensorFlow backend), both are a ``tf.function`` custom-loop
-step: "hvdkit" with ``hvdkit.tensorflow.DistributedGradientTape``, "by hand" with the same
-grouped allreduce written out. Rounds alternate between the two so that machine noise hits
-both; rank 0 prints samples/s per variant and the ratio, and the result line ``hvdkit bench``
-reads.
+``DataParallel`` step that ``hvd.init()`` set up (XLA averages the gradients in the step);
+the runtime is started once per process, outside the timed steps. With ``--loop custom``
+(TensorFlow backend), both are a ``tf.function`` custom-loop step: "hvdkit" with
+``hvdkit.tensorflow.DistributedGradientTape``, "by hand" with the same grouped allreduce
+written out. Rounds alternate between the two so that machine noise hits both; rank 0 prints
+samples/s per variant and the ratio, and the result line ``hvdkit bench`` reads.
 """
 
 from __future__ import annotations
