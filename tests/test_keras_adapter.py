@@ -1,4 +1,4 @@
-"""hvdkit.keras on Keras 3 with real processes, on both backends Horovod can serve."""
+"""hvdkit.keras on Keras 3 with real processes, on both backends Horovod can serve and JAX."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from conftest import horovodrun, results
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
-BACKENDS = ["tensorflow", "torch"]
+BACKENDS = ["tensorflow", "torch", "jax"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -22,8 +22,9 @@ def test_weights_identical_on_all_ranks_after_fit(keras_backend, mode):
     r = results(horovodrun("keras_worker.py", mode))
     assert r[0]["backend"] == keras_backend == os.environ["KERAS_BACKEND"]
     assert r[0]["weights"] == r[1]["weights"]
-    share = max(1, len(os.sched_getaffinity(0)) // 2)  # each rank's share of the cores on CPU
-    assert all(t == share for rank in (0, 1) for t in r[rank]["threads"]), r
+    if keras_backend != "jax":  # XLA sizes its CPU pool itself when JAX starts
+        share = max(1, len(os.sched_getaffinity(0)) // 2)  # each rank's share of the cores
+        assert all(t == share for rank in (0, 1) for t in r[rank]["threads"]), r
 
 
 def test_one_step_np2_equals_np1_with_double_batch(keras_backend):
@@ -34,6 +35,8 @@ def test_one_step_np2_equals_np1_with_double_batch(keras_backend):
 
 
 def test_metric_average_is_global_on_unequal_shards_whatever_the_callback_order(keras_backend):
+    if keras_backend == "jax":
+        pytest.skip("unequal shards are refused on JAX, every rank told (test_keras_jax.py)")
     r = results(horovodrun("keras_worker.py", "metrics"))
     for rank in (0, 1):
         seen = r[rank]["seen"]

@@ -158,7 +158,8 @@ def fit_lr_probe(schedule: bool, samples: int, epochs: int, callback) -> tuple[l
 
     class Track(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            kernels.append(float(keras.ops.convert_to_numpy(model.weights[0])[0, 0]))
+            # self.model: on JAX it writes the trainer's live values back first.
+            kernels.append(float(keras.ops.convert_to_numpy(self.model.weights[0])[0, 0]))
 
     x = np.ones((samples, 1), "float32")
     history = model.fit(
