@@ -60,6 +60,8 @@ def cpu_threads() -> list[int]:
         import torch
 
         return [torch.get_num_threads()]
+    if keras.config.backend() == "jax":
+        return []  # XLA sizes its pool when JAX starts; nothing to read back
     import tensorflow as tf
 
     return [tf.config.threading.get_intra_op_parallelism_threads(),
