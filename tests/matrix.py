@@ -290,7 +290,8 @@ class Runner:
             "print(', '.join(x for x in [f'Python {platform.python_version()}',"
             " 'torch ' + v('torch') if v('torch') else '',"
             " 'TF ' + v('tensorflow', 'tensorflow-cpu') if v('tensorflow', 'tensorflow-cpu') else '',"
-            " 'Keras ' + v('keras') if v('keras') else ''] if x))"
+            " 'Keras ' + v('keras') if v('keras') else '',"
+            " 'JAX ' + v('jax') if v('jax') else ''] if x))"
         )
         out = self._ok(cell, [str(bin_ / "python"), "-c", code], env, 60, "versions")
         return out.stdout.strip()
