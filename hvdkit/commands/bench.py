@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,8 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "MPI when available)")  # fmt: skip
     parser.add_argument("--models", type=_list, default=("cnn", "resnet18"), metavar="M,M",
                         help="PyTorch models (cnn, mlp, resnet18, resnet50)")  # fmt: skip
-    parser.add_argument("--keras-backends", type=_list, default=("tensorflow", "torch"),
-                        metavar="B,B")  # fmt: skip
+    parser.add_argument("--keras-backends", type=_list, metavar="B,B",
+                        default=tuple(b for b in ("tensorflow", "torch", "jax") if find_spec(b)),
+                        help="Keras backends (default: those installed)")  # fmt: skip
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads per rank at every world size (default: cores / the "
                              "largest world size)")  # fmt: skip
