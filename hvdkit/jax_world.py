@@ -14,6 +14,7 @@ import importlib.util
 import os
 import socket
 from types import ModuleType
+from typing import Any
 
 # Seconds: long enough for a loaded machine's start, short enough that a lost rank ends the
 # job in minutes (JAX's defaults: 300 and 100).
@@ -70,3 +71,11 @@ def start(hvd: ModuleType) -> None:
         cluster_detection_method="deactivate", initialization_timeout=INIT_TIMEOUT,
         heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, shutdown_timeout_seconds=SHUTDOWN_TIMEOUT,
     )  # fmt: skip
+
+
+def devices() -> list[Any]:
+    """Every process's JAX devices in rank order (process index, then device id): the order a
+    mesh over Horovod's ranks takes."""
+    import jax
+
+    return sorted(jax.devices(), key=lambda d: (d.process_index, d.id))

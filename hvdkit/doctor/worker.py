@@ -44,7 +44,7 @@ def _jax() -> tuple[int, int, list[float], list[float]]:
 
     hvd.init()
     jax_world.start(hvd)
-    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: d.process_index)), ("ranks",))
+    mesh = Mesh(np.array(jax_world.devices()), ("ranks",))
     by_rank = NamedSharding(mesh, PartitionSpec("ranks"))
     everywhere = NamedSharding(mesh, PartitionSpec())
 

@@ -147,22 +147,14 @@ def _reduced_in_step(options: Options, grads: list[Any], local: AbstractSet[int]
                 "out, or use KERAS_BACKEND=tensorflow or torch"
             )
     if options.fp16 or options.bf16:
-        _warn_once(
+        warnings.warn(
             "compression is ignored on KERAS_BACKEND=jax: XLA reduces the gradients in their "
-            "own dtype inside the compiled step"
+            "own dtype inside the compiled step",
+            stacklevel=2,
         )
     if options.op == "sum":
         return [g * hvd.size() if g is not None else g for g in grads]
     return list(grads)
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, stacklevel=3)
-
-
-_WARNED: set[str] = set()
 
 
 def _allreduce_list(

@@ -16,6 +16,7 @@ Horovod's ops cannot run inside a compiled JAX step, so on this backend the work
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import ModuleType
@@ -70,9 +71,10 @@ def _tensor_op(name: str, op: Any) -> Any:
         if isinstance(tensor, (list, tuple)):
             pairs = [_to_torch(t, move) for t in tensor]
             inputs: Any = [t for t, _ in pairs]
-            dtype = pairs[0][1] if pairs and len({d for _, d in pairs}) == 1 else None
-            if len({d for _, d in pairs}) > 1:
+            dtypes = {d for _, d in pairs}
+            if len(dtypes) > 1:
                 raise TypeError(f"hvd.{name}: give the tensors of one call one dtype")
+            dtype = dtypes.pop() if dtypes else None
         else:
             inputs, dtype = _to_torch(tensor, move)
         if kwargs.get("splits") is not None:
@@ -122,13 +124,11 @@ def _bootstrap_horovod() -> ModuleType:
 def start_jax(hvd: ModuleType) -> None:
     """JAX's distributed runtime over Horovod's world (once), and Keras's ``DataParallel``
     over every process's device. Must run before the first JAX array or Keras model exists."""
-    import jax
     import keras
 
     jax_world.start(hvd)
     if hvd.size() > 1 and keras.distribution.distribution() is None:
-        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        distribution = keras.distribution.DataParallel(devices=devices)
+        distribution = keras.distribution.DataParallel(devices=jax_world.devices())
         distribution.auto_shard_dataset = False  # each rank feeds its own shard, as in Horovod
         keras.distribution.set_distribution(distribution)
         _place_as_horovod_does()
@@ -246,13 +246,6 @@ def _predict_own_rows() -> None:
     trainer.JAXTrainer.make_predict_function = make_predict_function
 
 
-def in_data_parallel() -> bool:
-    """Whether the compiled step spans the processes (hvdkit's ``DataParallel`` is set)."""
-    import keras
-
-    return keras.distribution.distribution() is not None
-
-
 class JaxBackend(KerasBackend):
     #: The compiled step averages the gradients (XLA), not the optimizer.
     reduces_in_step = True
@@ -294,10 +287,6 @@ class JaxBackend(KerasBackend):
         start_jax(hvd._hvd)
 
 
-_WRAPPER: list[HorovodOnJax] = []
-
-
+@functools.cache
 def _wrapper() -> HorovodOnJax:
-    if not _WRAPPER:
-        _WRAPPER.append(HorovodOnJax(_bootstrap_horovod()))
-    return _WRAPPER[0]
+    return HorovodOnJax(_bootstrap_horovod())
