@@ -55,6 +55,10 @@ BUDGETED: dict[str, float] = {
     "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
     "[torch-float]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
+    # Keras on JAX through the engines: the runtime starts from Horovod's world as under
+    # hvdkit run (test_keras_jax.py, and across hosts in test_launch_ssh.py).
+    "test_ray.py::test_keras_on_jax_through_the_executor_matches_one_process": 15,
+    "test_spark.py::test_keras_on_jax_matches_one_process": 12,
     # The seam matrix (issue 38): its core (accumulation with a scheduler and warmup, a resume
     # on fewer ranks, every feature at once to another size, the plain loop, the checkpoint
     # seams on the torch backend) stays; these are its other combinations.

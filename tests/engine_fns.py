@@ -119,6 +119,52 @@ def keras_fit() -> dict:
             "weights": hashlib.sha256(weights.astype(np.float32).tobytes()).hexdigest()}  # fmt: skip
 
 
+def keras_one_step() -> dict:
+    """Keras 3 (the backend from KERAS_BACKEND): one fit() step on each rank's shard from
+    per-rank different weights, against one process from rank 0's start on the global batch."""
+    import keras
+    import numpy as np
+
+    import hvdkit.keras as hvd
+
+    hvd.init()
+    b, lr = 4, 0.1
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(b * hvd.size(), 4)).astype("float32")
+    y = x[:, :1] * 2 - x[:, 1:2]
+
+    def build(seed: int) -> keras.Model:
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+        )
+
+    def flat(model: keras.Model) -> np.ndarray:
+        return np.concatenate([np.ravel(w) for w in model.get_weights()])
+
+    model = build(hvd.rank())
+    start = [
+        keras.ops.convert_to_numpy(hvd.broadcast(w, 0, name=f"start.{i}"))
+        for i, w in enumerate(model.get_weights())
+    ]  # the start the callback gives all
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr)), loss="mse")
+    mine = slice(hvd.rank() * b, (hvd.rank() + 1) * b)
+    model.fit(x[mine], y[mine], batch_size=b, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # fmt: skip
+    after = flat(model)
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)  # on JAX, the oracle is this process's alone
+    ref = build(0)
+    ref.set_weights(start)
+    ref.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    ref.fit(x, y, batch_size=b * hvd.size(), epochs=1, shuffle=False, verbose=0)
+    keras.distribution.set_distribution(distribution)  # the actor's next call runs as before
+    return {"rank": hvd.rank(), "backend": keras.config.backend(),
+            "diff": float(np.abs(after - flat(ref)).max()),
+            "moved": float(np.abs(after - np.concatenate([np.ravel(w) for w in start])).max()),
+            "weights": hashlib.sha256(after.astype(np.float32).tobytes()).hexdigest()}  # fmt: skip
+
+
 def raise_on(rank: int) -> int:
     """Rank ``rank`` raises before the first collective; the others would wait in it."""
     import torch

@@ -13,6 +13,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 def test_fit_on_jax_matches_one_process_and_collectives_take_jax_arrays(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     r = results(horovodrun("keras_jax_worker.py"))
+    assert r[0]["coordinator"].startswith("127.0.0.1:")  # every rank on this host
+    check(r)
+
+
+def check(r: dict) -> None:
+    """keras_jax_worker.py's results: ranks equal, equal to one process, collectives right."""
     assert sorted(r) == [0, 1] and r[0]["backend"] == "jax"
     assert r[0]["devices"] == 2  # one DataParallel over both processes' devices
     for op in ("average", "sum"):

@@ -16,6 +16,7 @@ import pytest
 from conftest import WORKERS, results
 from netns import TwoHosts, ensure_tools
 from test_elastic import after_kill
+from test_keras_jax import check as check_keras_jax
 from test_launch import read_pids, wait_gone
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -101,6 +102,23 @@ def test_hvdkit_run_and_doctor_across_two_ssh_hosts(two_hosts, capsys):
             f"{list(two_hosts.hosts.values())}; allreduce {r[0]['sum']}; doctor named {addr} "
             f"once its sshd was stopped; bench busbw across them {max(busbw):.2f} GB/s peak"
         )
+
+
+def test_keras_on_jax_across_two_ssh_hosts(two_hosts):
+    """JAX's runtime across hosts: its coordinator on rank 0's host, the compiled step's
+    collectives over the hosts' network; the worker's oracle checks (tests/test_keras_jax.py)."""
+    out = two_hosts.run_in_launcher(
+        [HVDKIT, "run", "--hostfile", str(two_hosts.hostfile()), "--gloo",
+         "--network-interface", "hvd0", "--env", "KERAS_BACKEND=jax", "--", sys.executable,
+         str(WORKERS / "keras_jax_worker.py")], timeout=400,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = results(out)
+    assert [r[0]["netns"], r[1]["netns"]] == [two_hosts.netns_id(ns) for ns in two_hosts.hosts]
+    first = next(iter(two_hosts.hosts.values()))
+    assert r[0]["coordinator"] == r[1]["coordinator"]
+    assert r[0]["coordinator"].startswith(f"{first}:"), r[0]["coordinator"]
+    check_keras_jax(r)
 
 
 def test_elastic_kill_across_two_ssh_hosts(two_hosts, capsys):

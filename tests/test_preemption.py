@@ -76,14 +76,17 @@ def test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75(tmp_path, sig):
     assert resumed["steps"] == 16
 
 
-def test_keras_checkpoints_after_the_signal_and_the_next_run_repeats_that_epoch(tmp_path):
+@pytest.mark.parametrize("keras_backend", ["torch", "jax"])
+def test_keras_checkpoints_after_the_signal_and_the_next_run_repeats_that_epoch(
+    tmp_path, keras_backend
+):
     """hvdkit.keras.setup's checkpoint callback: rank 1 alone signalled after step 5 (4 steps
     an epoch, 0.2 s each); both ranks checkpoint at the same later step and exit 75; the next
     run starts that epoch again (Keras's fit cannot start mid-epoch) and ends with equal
     weights on both ranks."""
     argv = [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable,
             str(WORKERS / "keras_worker.py"), "resume", str(tmp_path), "3"]  # fmt: skip
-    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    env = {**os.environ, "KERAS_BACKEND": keras_backend}
     stopped = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
                              env={**env, "HVDKIT_TEST_SIGNAL_AT": "5",
                                   "HVDKIT_TEST_STEP_DELAY": "0.2"})  # fmt: skip
@@ -97,4 +100,6 @@ def test_keras_checkpoints_after_the_signal_and_the_next_run_repeats_that_epoch(
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     by_rank = results(resumed)
     assert by_rank[0]["ran"] == by_rank[1]["ran"] == list(range(epoch, 3))  # from its start
+    # ...from the state of the step it stopped at (on JAX, the trainer's live state)
+    assert by_rank[0]["steps_at"][0] == by_rank[1]["steps_at"][0] == int(where.group(2))
     assert by_rank[0]["digest"] == by_rank[1]["digest"]

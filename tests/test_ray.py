@@ -81,6 +81,24 @@ def test_torch_and_keras_through_the_executor_match_one_process(local_ray):
           f" torch and keras weights equal on both ranks")  # fmt: skip
 
 
+def test_keras_on_jax_through_the_executor_matches_one_process(local_ray):
+    """JAX's runtime over the actors' Horovod world; the same actors run a second fit."""
+    executor = RayExecutor(settings(), num_workers=2, cpus_per_worker=1)
+    executor.start(extra_env_vars={"KERAS_BACKEND": "jax"})
+    try:
+        step = executor.run(engine_fns.keras_one_step)
+        fitted = executor.run(engine_fns.keras_fit)
+    finally:
+        executor.shutdown()
+    for r in step:
+        assert r["backend"] == "jax" and r["diff"] < 1e-5 and r["moved"] > 1e-3, r
+    assert step[0]["weights"] == step[1]["weights"]
+    assert fitted[0]["weights"] == fitted[1]["weights"] and fitted[0]["backend"] == "jax"
+    assert cpus_free() == 2
+    print(f"[ray] Keras on JAX, 2 actors: one step diff {max(r['diff'] for r in step):.1e} "
+          "from one process; fit's weights equal on both ranks")  # fmt: skip
+
+
 def test_bad_input_fails_at_once_and_leaves_nothing_running(local_ray):
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=r"needs 3 CPUs, but the Ray cluster has 2"):

@@ -79,6 +79,16 @@ def test_local_mode_matches_one_process_and_ranks_agree(local_spark):
           f"process; torch and keras weights equal on both ranks")  # fmt: skip
 
 
+def test_keras_on_jax_matches_one_process(local_spark):
+    step = hvdkit.spark.run(engine_fns.keras_one_step, num_proc=2, env={"KERAS_BACKEND": "jax"})
+    assert [r["rank"] for r in step] == [0, 1]
+    for r in step:
+        assert r["backend"] == "jax" and r["diff"] < 1e-5 and r["moved"] > 1e-3, r
+    assert step[0]["weights"] == step[1]["weights"]
+    print(f"[spark] Keras on JAX, local[2]: one step diff {max(r['diff'] for r in step):.1e} "
+          "from one process, ranks equal")  # fmt: skip
+
+
 def test_a_failing_rank_and_bad_input_end_the_call_at_once(local_spark):
     started = time.monotonic()
     with pytest.raises(TaskError, match=r"rank 1 raised") as failed:

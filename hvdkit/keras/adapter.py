@@ -116,6 +116,7 @@ class KerasAdapter(Adapter):
             self.optimizer.build(self.model.trainable_variables)
 
     def _variables(self) -> dict[str, list[keras.Variable]]:
+        backend.write_back(self.model)  # a checkpoint in mid-epoch reads the live values
         return {"model": list(self.model.variables), "optimizer": list(self.optimizer.variables)}
 
     def _read_checkpoint(self, path: Path) -> dict[str, Any]:

@@ -179,6 +179,15 @@ def broadcast_variables(variables: list[keras.Variable], root_rank: int = 0) -> 
         variable.assign(hvd.broadcast(value, root_rank, name=f"hvdkit.var.{i}"))
 
 
+def write_back(model: keras.Model) -> None:
+    """Put the live training state into ``model``'s variables. Mid-epoch on JAX, Keras's
+    trainer holds the values and has emptied the variables until asked (as ``Callback.model``
+    does); elsewhere the variables are always live."""
+    sync = getattr(model, "jax_state_sync", None)
+    if sync is not None:
+        sync()
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str = "hvdkit.object") -> Any:
     """Rank ``root_rank``'s picklable ``obj`` on every rank."""
     return horovod().broadcast_object(obj, root_rank=root_rank, name=name)

@@ -96,11 +96,7 @@ class KerasState(ElasticState):
         )
 
     def save(self) -> None:
-        # Mid-epoch on JAX, Keras's trainer holds the live values and has emptied the
-        # variables; they are written back only on request (as Callback.model does).
-        sync = getattr(self.model, "jax_state_sync", None)
-        if sync is not None and getattr(self.model, "_jax_state", None) is not None:
-            sync()
+        backend.write_back(self.model)
         super().save()
 
     def reset(self) -> None:

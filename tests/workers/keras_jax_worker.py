@@ -6,6 +6,7 @@ arrays."""
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import keras
@@ -124,7 +125,11 @@ def uneven() -> str:
 
 def main() -> None:
     hvd.init()
-    out = {"backend": keras.config.backend(), "devices": len(jax.devices())}
+    from jax._src.distributed import global_state
+
+    out = {"backend": keras.config.backend(), "devices": len(jax.devices()),
+           "coordinator": global_state.coordinator_address,
+           "netns": os.readlink("/proc/self/ns/net")}  # fmt: skip
     out["collectives"] = collectives()
     out["refused"] = refused()
     out["uneven"] = uneven()

@@ -61,7 +61,7 @@ def cpu_threads() -> list[int]:
 
         return [torch.get_num_threads()]
     if keras.config.backend() == "jax":
-        return []  # XLA sizes its pool when JAX starts; nothing to read back
+        return [int(os.environ["PJRT_NPROC"])]  # what XLA's CPU client sized its pool from
     import tensorflow as tf
 
     return [tf.config.threading.get_intra_op_parallelism_threads(),
@@ -202,11 +202,12 @@ def resume(base: str, epochs: int) -> None:
     rng = np.random.default_rng(hvd.rank())
     x = rng.normal(size=(64, 4)).astype("float32")
     y = rng.normal(size=(64, 1)).astype("float32")
-    ran = []
+    ran, steps_at = [], []
 
     class Epochs(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             ran.append(epoch)
+            steps_at.append(int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)))
 
     class SignalAt(keras.callbacks.Callback):
         """HVDKIT_TEST_SIGNAL_AT=N: SIGUSR1 to rank 1 alone after optimizer step N
@@ -234,6 +235,7 @@ def resume(base: str, epochs: int) -> None:
         loaded_ok = bool(getattr(loaded.optimizer, "_hvdkit_distributed", False))
     emit(
         ran=ran,
+        steps_at=steps_at,
         weights=[round(float(w), 6) for w in weights(model)],
         digest=digest(model),
         files=sorted(p.name for p in Path(".").iterdir()),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import ModuleType
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hvdkit import jax_world
+from hvdkit.devices import cores_per_process
 from hvdkit.keras.backends.base import KerasBackend
 
 # Horovod's tensor ops; each takes and gives JAX arrays here (host copies in between).
@@ -262,8 +264,15 @@ class JaxBackend(KerasBackend):
         raise NotImplementedError("on JAX the gradients are reduced by XLA in the step")
 
     def set_cpu_threads(self, threads: int) -> None:
-        # XLA sizes its CPU thread pool when JAX starts, in init(): nothing to change after.
-        pass
+        # XLA's CPU client sizes its thread pool from PJRT_NPROC when JAX starts its backends.
+        from jax._src import xla_bridge
+
+        if xla_bridge.backends_are_initialized():
+            raise RuntimeError(
+                "JAX has started: XLA's CPU threads are fixed. Fix: set PJRT_NPROC, or call "
+                "this before the first JAX array"
+            )
+        os.environ["PJRT_NPROC"] = str(threads)
 
     def gpu_count(self) -> int:
         import jax
@@ -284,6 +293,12 @@ class JaxBackend(KerasBackend):
         return False
 
     def after_init(self, hvd: Any) -> None:
+        from jax._src import xla_bridge
+
+        # Step 2's share of the cores must reach XLA before start_jax makes the devices.
+        chosen = {"PJRT_NPROC", "NPROC"} & os.environ.keys()  # XLA's own, the user's choice
+        if not chosen and not xla_bridge.backends_are_initialized():
+            self.set_cpu_threads(cores_per_process(hvd.local_size()))
         start_jax(hvd._hvd)
 
 
