@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, WORKERS, results
-from slurm import SlurmCluster, ensure_installed
+from slurm import NODES, SlurmCluster, ensure_installed
+from test_keras_jax import check as check_keras_jax
 from workers.tolerance import max_difference, paths_close
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -80,6 +81,9 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
         f"{HVDKIT} run --gloo -- {sys.executable} {WORKERS / 'launch_worker.py'}",
         f"{HVDKIT} run --gloo -- {command} --checkpoint {cluster.dir}/plain.pt",
         f"{HVDKIT} run --mpi -- {command} --checkpoint {cluster.dir}/plain-mpi.pt",
+        # Keras on JAX: JAX's coordinator at rank 0's node by its Slurm name.
+        f"KERAS_BACKEND=jax {HVDKIT} run --gloo -- {sys.executable} "
+        f"{WORKERS / 'keras_jax_worker.py'}",
     ])  # fmt: skip
     info = cluster.wait_job(job, 300)
     text = output.read_text(errors="replace")
@@ -88,13 +92,17 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
         f"hvdkit run: hosts from the Slurm job {job} allocation (SLURM_JOB_NODELIST=nodeA,nodeB, "
         "SLURM_TASKS_PER_NODE=1(x2)): nodeA:1, nodeB:1"
     ) in text
-    launch, *trained = text.split("hvdkit run: hosts from")[1:]
+    launch, *trained, keras_jax = text.split("hvdkit run: hosts from")[1:]
     sums = results(job_output_text(launch))
     assert {sums[0]["host"], sums[1]["host"]} == {"nodeA", "nodeB"}  # a rank on each node
     assert sums[0]["netns"] != sums[1]["netns"] and sums[0]["sum"] == sums[1]["sum"] == 3.0
     assert len(trained) == 2  # under Gloo, then MPI (mpirun in the allocation)
     for train in trained:
         assert_trained_like(results(job_output_text(train)), reference)
+    on_jax = results(job_output_text(keras_jax))
+    assert on_jax[0]["netns"] != on_jax[1]["netns"]
+    assert on_jax[0]["coordinator"].startswith(f"{NODES[sums[0]['host']]}:"), on_jax[0]
+    check_keras_jax(on_jax)
 
 
 def job_output_text(text: str) -> subprocess.CompletedProcess:
