@@ -3,7 +3,7 @@
 Builds Horovod with NCCL for the visible GPUs, runs ``hvdkit doctor``, then on the GPU: step 2's
 pinning, float32 and AMP (bf16; fp16 with the loss scaler, one rank's gradients overflowing)
 through the PyTorch session, Keras 3 on the torch backend under float32 and both mixed
-policies, Horovod allreduce of GPU tensors, ``hvdkit bench``'s ResNet-50 bf16 channels_last
+policies and on JAX (with JAX's CUDA wheels) under float32 and mixed_bfloat16, Horovod allreduce of GPU tensors, ``hvdkit bench``'s ResNet-50 bf16 channels_last
 adapter-against-plain ratio, and ``hvdkit run`` refusing two ranks on one GPU under NCCL. Each
 training check compares with one process on the global batch. With fewer than two GPUs it
 then builds Horovod without NCCL (GPU tensors through Gloo) and runs the checks on 2 ranks
@@ -128,6 +128,18 @@ class Checks:
             detail += f", {r0['compute_dtype']} compute, {r0['optimizer']}"
         self.record(label, not why, "; ".join(why) or detail, s)
 
+    def jax_on_gpu(self) -> bool:
+        """Whether JAX computes on the GPU here (its CUDA plugin installed): a row either way."""
+        rc, text, s = self.sh([self.python, "-c", "import jax; print(jax.__version__, "
+                               "jax.default_backend(), jax.devices())"], 120)  # fmt: skip
+        ok = rc == 0 and " gpu " in text
+        detail = text.strip().splitlines()[-1][:300] if text.strip() else f"exit {rc}"
+        if not ok:
+            detail += ("; fix: pip install the CUDA wheels of this JAX, e.g. "
+                       "'jax[cuda13]==<its version>' (jax-cuda13-plugin, jax-cuda13-pjrt)")  # fmt: skip
+        self.record("JAX's CUDA backend (Keras on JAX)", ok, detail, s)
+        return ok
+
     def bandwidth(self, np: int, label: str) -> None:
         try:
             res = self.workers(np, ["allreduce"])
@@ -178,11 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     if "nccl" not in skip:
         rc, text, s = c.hvdkit("doctor", timeout=300)
         counts = {k: len(re.findall(rf"^{k}\b", text, re.M)) for k in ("PASS", "FAIL", "SKIP")}
-        gpu_lines = [ln for ln in text.splitlines() if re.search(r"GPU|NCCL|CUDA", ln)]
+        gpu_lines = [ln for ln in text.splitlines() if re.search(r"GPU|NCCL|CUDA|JAX", ln)]
         c.record("hvdkit doctor", rc == 0 and counts["FAIL"] == 0,
                  f"{counts}; " + " | ".join(gpu_lines)[:900], s)  # fmt: skip
 
         one = [1] if gpus <= 1 else [1, gpus]
+        jax_gpu = c.jax_on_gpu()
         for np in one:
             for dtype in ("float32", "bfloat16", "float16"):
                 extra = ["--overflow-at", "2"] if dtype == "float16" else []
@@ -196,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                     ["keras", "--policy", policy],
                     {"KERAS_BACKEND": "torch"},
                 )
+            for policy in ("float32", "mixed_bfloat16") if jax_gpu else ():
+                c.training(np, gpus, f"keras (jax backend) fit np={np} {policy}",
+                           ["keras", "--policy", policy], {"KERAS_BACKEND": "jax"})  # fmt: skip
             c.bandwidth(np, f"allreduce GPU tensors np={np}")
         if gpus == 1:
             rc, text, s = c.hvdkit("run", "-np", "2", "--", c.python, WORKER, "allreduce",

@@ -112,7 +112,7 @@ def torch_checks(args) -> None:
 
 
 def keras_checks(args) -> None:
-    """Keras 3 (set KERAS_BACKEND=torch) under a mixed-precision policy: fit on each rank's
+    """Keras 3 (KERAS_BACKEND torch or jax) under a mixed-precision policy: fit on each rank's
     shard against fit on the global batch in one process."""
     import keras
 
@@ -146,7 +146,10 @@ def keras_checks(args) -> None:
                             for s in range(4)])  # fmt: skip
     model.fit(x[shard], y[shard], batch_size=b, epochs=2, verbose=0, shuffle=False,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # fmt: skip
+    start = model_for(0).get_weights()  # rank 0's start, before the oracle leaves JAX's mesh
+    keras.distribution.set_distribution(None)  # on JAX, the oracle is this process's alone
     ref = model_for(0)
+    ref.set_weights(start)
     ref.compile(optimizer=keras.optimizers.SGD(lr * size), loss="mse", jit_compile=False)
     ref.fit(x, y, batch_size=b * size, epochs=2, verbose=0, shuffle=False)
     mine_w = weights(model)
@@ -156,7 +159,8 @@ def keras_checks(args) -> None:
         rank,
         policy=args.policy,
         backend=keras.config.backend(),
-        device=str(getattr(value, "device", "?")),
+        device=str(value.addressable_shards[0].device  # a JAX array: this process's copy
+                   if hasattr(value, "addressable_shards") else getattr(value, "device", "?")),
         compute_dtype=model.layers[0].compute_dtype,
         optimizer=type(model.optimizer).__name__,
         digest=hashlib.sha256(mine_w.tobytes()).hexdigest(),
