@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from horovod.common.elastic import ObjectState, State, run_fn
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from hvdkit import rank_zero
+from hvdkit import elastic_restart, rank_zero
 from hvdkit.core import restart
 
 
@@ -35,6 +35,8 @@ class Handler(abc.ABC):
     """Keeps one framework object (a model, an optimizer...) committed: ``save`` copies its
     state to host memory, ``restore`` puts the copy back, ``sync`` makes every rank's equal
     to rank 0's."""
+
+    saved: Any  # the last commit, set by save()
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -114,15 +116,36 @@ class ElasticState(ObjectState):
             handler.sync()
         super().sync()
 
+    def committed(self) -> dict[str, Any]:
+        """The last commit, picklable: what a restarted worker loads back."""
+        return {
+            "handlers": {name: h.saved for name, h in self._handlers.items()},
+            "values": self._saved_state,
+        }
+
+    def load_committed(self, committed: dict[str, Any]) -> None:
+        """Make :meth:`committed`'s output (a previous run of this process's) the last
+        commit, and restore it."""
+        for name, handler in self._handlers.items():
+            handler.saved = committed["handlers"][name]
+        self._saved_state = committed["values"]
+        self.restore()
+
 
 def make_run(
-    hvd: Any, translate: Callable[[BaseException], BaseException | None] | None = None
+    hvd: Any,
+    translate: Callable[[BaseException], BaseException | None] | None = None,
+    restarts: Callable[[], bool] = lambda: False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Horovod's ``elastic.run`` decorator for the Horovod module ``hvd``, with hvdkit's reset
     (see the module docstring). ``translate`` turns a framework's own error for a failed
-    Horovod op into the ``HorovodInternalError`` the loop recovers from (None: not one)."""
+    Horovod op into the ``HorovodInternalError`` the loop recovers from (None: not one).
+    Where ``restarts()``, a reset restarts the process instead (:mod:`hvdkit.elastic_restart`),
+    and a state that a restarted process made resumes from what it committed before."""
 
-    def reset() -> None:
+    def reset(state: Any) -> None:
+        if restarts():
+            elastic_restart.restart(state.committed())
         started = time.monotonic()
         topology = restart(hvd)
         rank_zero.print0(
@@ -140,16 +163,35 @@ def make_run(
                     raise
                 raise internal from error
 
-        wrapped = run_fn(translated, reset)
-
         @functools.wraps(func)
         def start(state: Any, *args: Any, **kwargs: Any) -> Any:
             rank_zero.set_rank(hvd.rank())
-            return wrapped(state, *args, **kwargs)
+            if restarts():
+                check_restart_source(hvd, bool(getattr(state, "restarted", False)))
+            if getattr(state, "restarted", False):
+                state.restarted = False
+                state.on_reset()  # the reset callbacks, as after an in-process reset
+                rank_zero.print0(
+                    f"hvdkit elastic: restarted at {hvd.size()} process(es); restoring the "
+                    "last commit"
+                )
+            return run_fn(translated, functools.partial(reset, state))(state, *args, **kwargs)
 
         return start
 
     return run
+
+
+def check_restart_source(hvd: Any, restarted: bool) -> None:
+    """Rank 0's state is what the first sync sends everyone: after restarts it must be one
+    that survived (Horovod keeps a previous host first; this checks it, collectively)."""
+    restored = hvd.allgather_object(restarted, name="hvdkit.elastic.restarted")
+    if any(restored) and not restored[0]:
+        raise RuntimeError(
+            "hvdkit elastic: after the restart, rank 0 is a new worker without the committed "
+            f"state that ranks {[r for r, x in enumerate(restored) if x]} hold; syncing from it "
+            "would lose the training. Fix: keep at least the first host of the job"
+        )
 
 
 class _Commit(State):

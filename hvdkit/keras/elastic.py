@@ -30,12 +30,14 @@ variable as it is.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import keras
 import numpy as np
 from horovod.common.exceptions import HorovodInternalError
 
+from hvdkit import elastic_restart
 from hvdkit.elastic import ElasticState, Handler, make_run
 from hvdkit.keras import backend
 
@@ -94,19 +96,16 @@ class KerasState(ElasticState):
             optimizer=optimizer,
             **kwargs,
         )
+        committed = elastic_restart.take_committed()
+        self.restarted = committed is not None
+        if committed is not None:  # this process restarted at a reset (Keras on JAX)
+            self.load_committed(committed)
 
     def save(self) -> None:
         backend.write_back(self.model)
         super().save()
 
     def reset(self) -> None:
-        if keras.config.backend() == "jax":
-            raise RuntimeError(
-                "hvdkit.keras elastic: recovering onto another set of workers is not available "
-                "on KERAS_BACKEND=jax (JAX's runtime cannot change its processes while they "
-                "run). Fix: restart the whole job after a failure, with setup(checkpoint=...) "
-                "to resume it, or use KERAS_BACKEND=tensorflow or torch for elastic training"
-            )
         drop_compiled(self.model)
 
 
@@ -199,8 +198,12 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
 def translate(error: BaseException) -> BaseException | None:
     """``HorovodInternalError`` for TensorFlow's error from a failed Horovod op (its own error
-    type, naming the op); None for any other error."""
-    if type(error).__module__.startswith("tensorflow") and "Horovod" in str(error):
+    type, naming the op) and for JAX's from a failed collective of the compiled step; None
+    for any other error."""
+    module, text = type(error).__module__, str(error)
+    if module.startswith("tensorflow") and "Horovod" in text:
+        return HorovodInternalError(error)
+    if re.search(r"\b(Gloo|NCCL) [\w-]+ failed", text):  # JAX's (its own type, or ValueError)
         return HorovodInternalError(error)
     return None
 
@@ -211,7 +214,12 @@ class _Horovod:
         return getattr(backend.horovod(), name)
 
 
-run = make_run(_Horovod(), translate=translate)
+def _restarts() -> bool:
+    # JAX's runtime cannot change its processes: a reset restarts each worker process.
+    return keras.config.backend() == "jax"
+
+
+run = make_run(_Horovod(), translate=translate, restarts=_restarts)
 run.__doc__ = """``@hvdkit.keras.elastic.run`` on ``train(state, ...)``: Horovod's elastic
 loop. On a lost or added worker, every rank restores ``state``'s last commit, Horovod is
 re-initialised at the new size, and ``train`` runs again from the synced state."""

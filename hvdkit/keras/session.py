@@ -170,6 +170,14 @@ def setup(
             "variable, which a flat shard would break; see the Keras guide). Fix: "
             "shard_optimizer=False, or hvdkit.torch.setup(..., shard_optimizer=True)"
         )
+    if config.elastic and keras.config.backend() == "jax":
+        raise ValueError(
+            "elastic=True: the elastic session is not available on KERAS_BACKEND=jax (JAX's "
+            "runtime cannot change its processes, so a reset restarts each worker process, "
+            "which a session cannot resume inside fit). Fix: Horovod's shape, which restarts "
+            "and resumes: fit inside @hvd.elastic.run with hvd.elastic.KerasState and its "
+            "callbacks (examples/keras_elastic.py)"
+        )
     adapter = KerasAdapter(model, optimizer, config)
     adapter.setup()
     if adapter.resumed is not None:

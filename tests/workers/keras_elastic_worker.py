@@ -51,7 +51,18 @@ class Probe(keras.callbacks.Callback):
         if self.seen["pending"]:
             self.seen["recovered"].append(time.time())
             self.seen["pending"] = False
+        keep(self.args, self.seen)
         time.sleep(self.args.sleep)
+
+
+def carried(args) -> Path:
+    # On Keras on JAX a reset restarts the process in place (same pid): the counters the
+    # RESULT reports live in a file per pid, so they span the restarts.
+    return Path(args.marker).with_name(f"seen-{os.getpid()}.json")
+
+
+def keep(args, seen) -> None:
+    carried(args).write_text(json.dumps(seen))
 
 
 def main() -> None:
@@ -84,6 +95,8 @@ def main() -> None:
 
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
     seen = {"executed": 0, "sizes": [], "recovered": [], "pending": False}
+    if carried(args).exists():
+        seen = json.loads(carried(args).read_text())
 
     def on_reset():
         optimizer.learning_rate = base_lr * hvd.size()
@@ -100,6 +113,7 @@ def main() -> None:
     @hvd.elastic.run
     def train(state):
         seen["sizes"].append(hvd.size())
+        keep(args, seen)
         xs, ys = hvd.shard(x, y)  # re-split for the world as it is now
         state.model.fit(
             xs, ys, batch_size=8, epochs=args.epochs - state.epoch, shuffle=False,
