@@ -1,5 +1,5 @@
-"""Horovod's elastic API for Keras 3 (``horovod.tensorflow.keras.elastic``), on the TensorFlow
-and the PyTorch backends: ``run``, ``KerasState``, ``CommitStateCallback``,
+"""Horovod's elastic API for Keras 3 (``horovod.tensorflow.keras.elastic``), on the TensorFlow,
+PyTorch and JAX backends: ``run``, ``KerasState``, ``CommitStateCallback``,
 ``UpdateBatchStateCallback``, ``UpdateEpochStateCallback``.
 
     import hvdkit.keras as hvd          # was: import horovod.tensorflow.keras as hvd
@@ -22,6 +22,10 @@ What differs from Horovod's:
   there the epoch ran in full. The cut ends the epoch through ``model.stop_training`` and puts
   it back at the epoch's end: list this callback before callbacks that stop training
   themselves (``EarlyStopping``), as the example does.
+
+- On JAX a reset restarts each worker process from the last commit
+  (:mod:`hvdkit.elastic_restart`): JAX's runtime cannot change its processes. What the
+  script keeps outside the state starts again from the top.
 
 The learning rate, as in Horovod, is the script's to rescale after a reset (a reset callback;
 ``examples/keras_elastic.py`` shows it): the state commits and syncs the optimizer's LR

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "hvdkit elastic: "
+RESEND_AFTER = 1.0  # s after a worker registers its notification service (resend_host_changes)
 SUMMARY = "hvdkit run: elastic job stopped: "
 
 
@@ -179,6 +180,7 @@ def install(report: Report) -> None:
         stop(self, error_message)
 
     watch_stalls(report, WorkerStateRegistry, ElasticDriver)
+    resend_host_changes(ElasticDriver)
     ElasticDriver.__init__ = driver_init
     ElasticDriver._handle_worker_exit = handle_worker_exit
     ElasticDriver._activate_workers = activate_workers
@@ -186,6 +188,38 @@ def install(report: Report) -> None:
     ElasticDriver.stop = driver_stop
     ElasticDriver.wait_for_available_slots = wait_for_slots
     HostManager.blacklist = host_blacklist
+
+
+def resend_host_changes(driver: Any) -> None:
+    """A host change reaches a worker that restarted its process.
+
+    The driver tells rank 0's notification service of a host change once, when discovery
+    sees it. A worker that restarts its process at a reset (Keras on JAX,
+    :mod:`hvdkit.elastic_restart`) has no service for the seconds its restart takes, and the
+    one it then registers never hears of a change made meanwhile: a host that came back then
+    never rejoins. So a second after a worker registers its service (the worker adds its
+    listener just after registering: a message sent at once would find none), a change still
+    pending is sent again. Horovod's own check sends nothing while the assignments it would
+    make are the ones in force."""
+    from horovod.runner.elastic.discovery import HostUpdateResult
+
+    register = driver.register_worker_server
+
+    def register_worker_server(self: Any, host: str, slot: int, *args: Any) -> None:
+        register(self, host, slot, *args)
+
+        def resend() -> None:
+            with self._wait_hosts_cond:  # as the discovery thread sends it
+                if not self.finished():
+                    self._notify_workers_host_changes(
+                        self._host_manager.current_hosts, HostUpdateResult.mixed
+                    )
+
+        timer = threading.Timer(RESEND_AFTER, _safely, args=(resend,))
+        timer.daemon = True
+        timer.start()
+
+    driver.register_worker_server = register_worker_server
 
 
 def watch_stalls(report: Report, registry: Any, driver: Any) -> None:
