@@ -52,3 +52,11 @@ def test_rank_0_picks_a_port_and_broadcasts_the_address(monkeypatch):
     address = jax_world._coordinator(one_host)
     host, port = address.rsplit(":", 1)
     assert host == "127.0.0.1" and 0 < int(port) < 65536 and sent["root"] == 0
+
+
+def test_xla_threads_are_the_users_when_chosen_and_ours_again_after_a_restart():
+    assert not on_jax.threads_chosen({})
+    assert on_jax.threads_chosen({"PJRT_NPROC": "3"}) and on_jax.threads_chosen({"NPROC": "2"})
+    inherited = {"PJRT_NPROC": "1", "HVDKIT_PJRT_NPROC": "1"}  # an elastic restart's
+    assert not on_jax.threads_chosen(inherited)
+    assert on_jax.threads_chosen({"PJRT_NPROC": "4", "HVDKIT_PJRT_NPROC": "1"})

@@ -29,6 +29,8 @@ from hvdkit import jax_world
 from hvdkit.devices import cores_per_process
 from hvdkit.keras.backends.base import KerasBackend
 
+_OURS = "HVDKIT_PJRT_NPROC"  # the PJRT_NPROC hvdkit set (an elastic restart inherits it)
+
 # Horovod's tensor ops; each takes and gives JAX arrays here (host copies in between).
 TENSOR_OPS = (
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
@@ -272,7 +274,7 @@ class JaxBackend(KerasBackend):
                 "JAX has started: XLA's CPU threads are fixed. Fix: set PJRT_NPROC, or call "
                 "this before the first JAX array"
             )
-        os.environ["PJRT_NPROC"] = str(threads)
+        os.environ["PJRT_NPROC"] = os.environ[_OURS] = str(threads)
 
     def gpu_count(self) -> int:
         import jax
@@ -296,10 +298,15 @@ class JaxBackend(KerasBackend):
         from jax._src import xla_bridge
 
         # Step 2's share of the cores must reach XLA before start_jax makes the devices.
-        chosen = {"PJRT_NPROC", "NPROC"} & os.environ.keys()  # XLA's own, the user's choice
-        if not chosen and not xla_bridge.backends_are_initialized():
+        if not threads_chosen(os.environ) and not xla_bridge.backends_are_initialized():
             self.set_cpu_threads(cores_per_process(hvd.local_size()))
         start_jax(hvd._hvd)
+
+
+def threads_chosen(env: Any) -> bool:
+    """Whether the user chose XLA's CPU threads (``NPROC``, or a ``PJRT_NPROC`` that is not
+    the one hvdkit set, which a restarted elastic worker inherits)."""
+    return "NPROC" in env or env.get("PJRT_NPROC", env.get(_OURS)) != env.get(_OURS)
 
 
 @functools.cache
