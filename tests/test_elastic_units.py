@@ -228,3 +228,21 @@ def test_every_discovery_output_is_checked_by_hvdkit_in_horovods_driver(tmp_path
             discovery.find_available_hosts_and_slots()
     finally:
         HostDiscoveryScript.find_available_hosts_and_slots = original
+
+
+def test_new_hosts_take_ranks_in_the_order_they_are_listed(monkeypatch):
+    """hvdkit run's elastic driver: the hostfile's order, not a set's (which changes from run
+    to run); hosts already in the job keep their places ahead of new ones."""
+    from horovod.runner.elastic.discovery import FixedHosts, HostManager
+
+    from hvdkit.launch import elastic_report
+
+    monkeypatch.setattr(HostManager, "__init__", HostManager.__init__)  # put back afterwards
+    monkeypatch.setattr(HostManager, "order_available_hosts",
+                        HostManager.__dict__["order_available_hosts"])  # fmt: skip
+    elastic_report.keep_listed_order(HostManager)
+    for order in (["hostB", "hostA", "hostC"], ["10.0.0.9", "10.0.0.1", "10.0.0.5", "10.0.0.2"]):
+        manager = HostManager(FixedHosts({host: 1 for host in order}))
+        manager.update_available_hosts()
+        assert manager.current_hosts.host_assignment_order == order
+    assert HostManager.order_available_hosts({"x", "a", "k"}, ["k", "gone"]) == ["k", "a", "x"]

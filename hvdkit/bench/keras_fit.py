@@ -53,11 +53,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from hvdkit.keras import backend
     from hvdkit.rank_zero import print0
 
-    hvd.init()
-    threads = pinned_threads(hvd.local_size())
-    backend.set_cpu_threads(threads)  # the same at every world size
-    hvdops = backend.horovod()
     on_jax = keras.config.backend() == "jax"
+    if on_jax and os.environ.get(envvars.BENCH_THREADS):
+        # XLA sizes its pool when JAX starts, inside init(): the run's fixed count goes first.
+        os.environ["PJRT_NPROC"] = os.environ[envvars.BENCH_THREADS]
+    hvd.init()
+    threads = pinned_threads(hvd.local_size())  # the same at every world size
+    if not on_jax:  # on JAX, init() has sized XLA's pool with it
+        backend.set_cpu_threads(threads)
+    hvdops = backend.horovod()
 
     class HandSGD(keras.optimizers.SGD):
         """SGD whose ``apply`` averages the gradients with Horovod's grouped allreduce first:

@@ -181,6 +181,7 @@ def install(report: Report) -> None:
 
     watch_stalls(report, WorkerStateRegistry, ElasticDriver)
     resend_host_changes(ElasticDriver)
+    keep_listed_order(HostManager)
     ElasticDriver.__init__ = driver_init
     ElasticDriver._handle_worker_exit = handle_worker_exit
     ElasticDriver._activate_workers = activate_workers
@@ -188,6 +189,35 @@ def install(report: Report) -> None:
     ElasticDriver.stop = driver_stop
     ElasticDriver.wait_for_available_slots = wait_for_slots
     HostManager.blacklist = host_blacklist
+
+
+def keep_listed_order(manager: Any) -> None:
+    """Hosts new to the job take ranks in the order the hostfile or discovery lists them, as in
+    a static job. Horovod keeps the hosts it has first (their ranks stay) but appends new ones
+    from a set, whose order changes from run to run: the hostfile's first host was rank 0 in
+    only some runs."""
+    listed: list[str] = []  # the hosts in the order the last discovery listed them
+    init = manager.__init__
+
+    def manager_init(self: Any, discovery: Any, *args: Any, **kwargs: Any) -> None:
+        find = discovery.find_available_hosts_and_slots
+
+        def found() -> dict[str, int]:
+            slots = find()
+            listed[:] = list(slots)
+            return dict(slots)
+
+        discovery.find_available_hosts_and_slots = found
+        init(self, discovery, *args, **kwargs)
+
+    def order_available_hosts(available_hosts: Any, prev_host_assignment_order: Any) -> list:
+        kept = [host for host in prev_host_assignment_order if host in available_hosts]
+        rank = {host: i for i, host in enumerate(listed)}
+        new = sorted(set(available_hosts) - set(kept), key=lambda h: (rank.get(h, len(rank)), h))
+        return kept + new
+
+    manager.__init__ = manager_init
+    manager.order_available_hosts = staticmethod(order_available_hosts)
 
 
 def resend_host_changes(driver: Any) -> None:
