@@ -166,9 +166,10 @@ def make_run(
         @functools.wraps(func)
         def start(state: Any, *args: Any, **kwargs: Any) -> Any:
             rank_zero.set_rank(hvd.rank())
+            restarted = bool(getattr(state, "restarted", False))
             if restarts():
-                check_restart_source(hvd, bool(getattr(state, "restarted", False)))
-            if getattr(state, "restarted", False):
+                check_restart_source(hvd, restarted)
+            if restarted:
                 state.restarted = False
                 state.on_reset()  # the reset callbacks, as after an in-process reset
                 rank_zero.print0(

@@ -3,7 +3,8 @@
 Builds Horovod with NCCL for the visible GPUs, runs ``hvdkit doctor``, then on the GPU: step 2's
 pinning, float32 and AMP (bf16; fp16 with the loss scaler, one rank's gradients overflowing)
 through the PyTorch session, Keras 3 on the torch backend under float32 and both mixed
-policies and on JAX (with JAX's CUDA wheels) under float32 and mixed_bfloat16, Horovod allreduce of GPU tensors, ``hvdkit bench``'s ResNet-50 bf16 channels_last
+policies and on JAX (with JAX's CUDA wheels) under float32 and mixed_bfloat16, Horovod
+allreduce of GPU tensors, ``hvdkit bench``'s ResNet-50 bf16 channels_last
 adapter-against-plain ratio, and ``hvdkit run`` refusing two ranks on one GPU under NCCL. Each
 training check compares with one process on the global batch. With fewer than two GPUs it
 then builds Horovod without NCCL (GPU tensors through Gloo) and runs the checks on 2 ranks

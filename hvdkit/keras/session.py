@@ -176,7 +176,7 @@ def setup(
             "runtime cannot change its processes, so a reset restarts each worker process, "
             "which a session cannot resume inside fit). Fix: Horovod's shape, which restarts "
             "and resumes: fit inside @hvd.elastic.run with hvd.elastic.KerasState and its "
-            "callbacks (examples/keras_elastic.py)"
+            "callbacks (docs/guides/elastic.md, 'Making a script elastic')"
         )
     adapter = KerasAdapter(model, optimizer, config)
     adapter.setup()
