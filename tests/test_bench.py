@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 from hvdkit.bench import report
+from hvdkit.bench.plan import STEADY_HEAP
 from hvdkit.bench.worker import parse_results
 
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -35,6 +36,9 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
     doc = json.loads((tmp_path / "bench.json").read_text())
     report.validate(doc)
     assert doc["complete"] is True
+    # Every job, on every rank that reported, ran on the steady heap.
+    assert doc["config"]["steady_heap"] is True
+    assert all(r["result"]["malloc"] == STEADY_HEAP for r in doc["records"])
     summary = doc["summary"]
     names = {s["name"] for s in summary["allreduce"]["series"]}
     assert names == {"horovod gloo np=2", "horovod mpi np=2", "torch.distributed gloo np=2",

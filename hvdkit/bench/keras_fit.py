@@ -9,8 +9,9 @@ does). On JAX "by hand" is the job written on ``jax.distributed``: Keras's own S
 the runtime is started once per process, outside the timed steps. With ``--loop custom``
 (TensorFlow backend), both are a ``tf.function`` custom-loop step: "hvdkit" with
 ``hvdkit.tensorflow.DistributedGradientTape``, "by hand" with the same grouped allreduce
-written out. Rounds alternate between the two so that machine noise hits both; rank 0 prints
-samples/s per variant and the ratio, and the result line ``hvdkit bench`` reads.
+written out. Rounds alternate between the two so that machine noise hits both, and a round's
+rate is at its median step (:func:`~hvdkit.bench.worker.round_rate`); rank 0 prints samples/s
+per variant and the ratio, and the result line ``hvdkit bench`` reads.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hvdkit import envvars
-from hvdkit.bench.worker import emit, pinned_threads, timed_rounds
+from hvdkit.bench.worker import emit, pinned_threads, round_rate, timed_rounds
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -94,30 +95,35 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     class StepClock(keras.callbacks.Callback):
-        """Times the steps after the first, so fit()'s own set-up (data adapter, callbacks)
-        is not counted: what is compared is the training step."""
+        """Times each step after the first, end to end, so fit()'s own set-up (data adapter,
+        callbacks) is not counted: what is compared is the training step."""
+
+        seconds: list[float]
+        last: float
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            now = time.perf_counter()
             if batch == 0:
-                self.start = time.perf_counter()
-
-        def on_train_end(self, logs: dict | None = None) -> None:
-            self.seconds = time.perf_counter() - self.start
+                self.seconds = []
+            else:
+                self.seconds.append(now - self.last)
+            self.last = now
 
     def timed_fit(model: Any) -> float:
         clock = StepClock()
         model.fit(x, y, batch_size=args.batch_size, epochs=1, verbose=0, shuffle=False,
                   callbacks=[clock])  # fmt: skip
-        return args.batch_size * (args.steps - 1) / clock.seconds  # per rank
+        return round_rate(args.batch_size, clock.seconds)  # per rank
 
     def timed_loop(step: Any) -> float:
         b = args.batch_size
         float(step(x[:b], y[:b]))
-        start = time.perf_counter()
+        seconds = []
         for i in range(1, args.steps):
-            last = step(x[i * b : (i + 1) * b], y[i * b : (i + 1) * b])
-        float(last)
-        return b * (args.steps - 1) / (time.perf_counter() - start)
+            start = time.perf_counter()
+            float(step(x[i * b : (i + 1) * b], y[i * b : (i + 1) * b]))
+            seconds.append(time.perf_counter() - start)
+        return round_rate(b, seconds)
 
     def loop_steps() -> dict[str, Any]:
         """Both custom-loop steps, on one model and optimizer."""

@@ -3,12 +3,14 @@
 A Horovod-style torch loop (hvdkit's drop-in ``DistributedOptimizer``, a ``DataLoader``) with
 the profiler's hooks on and off in alternating rounds of one run, on the same model and
 optimizer (the hooks are put on and taken off between rounds). Prints
-the median of the per-round throughput ratios (on / off); the target is >= 0.99.
+the median of the per-round throughput ratios (on / off), each round's rate at its median
+step; the target is >= 0.99.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from typing import Any
@@ -26,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import hvdkit.torch as hvd
-    from hvdkit.bench.worker import emit
+    from hvdkit.bench.worker import emit, round_rate
     from hvdkit.devices import cores_per_process
     from hvdkit.models import cnn
     from hvdkit.profile import recorder as profile_recorder
@@ -67,25 +69,28 @@ def main(argv: list[str] | None = None) -> None:
 
         return undo
 
-    def round_rate(profiled: bool) -> float:
+    def timed_round(profiled: bool) -> float:
         undo = hooks_on() if profiled else (lambda: None)
         try:
             hvd.allreduce(torch.zeros(1), name="bench.barrier")
-            start = time.perf_counter()
+            # Each step from one batch's arrival to the next's, so the loader's (profiled)
+            # wait is in it; the first batch's fetch, the loader's start, is not.
+            stamps = []
             for x, y in DataLoader(data, batch_size=args.batch_size):
+                stamps.append(time.perf_counter())
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
-            hvd.allreduce(torch.zeros(1), name="bench.barrier")
-            return count / (time.perf_counter() - start)
+            stamps.append(time.perf_counter())
+            return round_rate(args.batch_size, [b - a for a, b in itertools.pairwise(stamps)])
         finally:
             undo()
 
-    round_rate(False), round_rate(True)  # warm-up: connections, allocator
+    timed_round(False), timed_round(True)  # warm-up: connections, allocator
     ratios = []
     for r in range(args.rounds):
         order = (True, False) if r % 2 else (False, True)
-        rates = {profiled: round_rate(profiled) for profiled in order}
+        rates = {profiled: timed_round(profiled) for profiled in order}
         ratios.append(rates[True] / rates[False])
     if hvd.rank() == 0:
         emit({"ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps,

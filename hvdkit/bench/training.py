@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 from hvdkit import envvars
-from hvdkit.bench.worker import clock, emit, pinned_threads, timed_rounds
+from hvdkit.bench.worker import clock, emit, pinned_threads, round_rate, timed_rounds
 
 VARIANTS = ("plain", "hvdkit", "horovod", "ddp")
 INPUTS = {"cnn": (1, 28), "mlp": (1, 28), "resnet18": (3, 32), "resnet50": (3, 224)}
@@ -87,14 +87,19 @@ class Variant:
         self.optimizer.step()
 
     def samples_per_second(self, steps: int, barrier: Callable[[], Any]) -> float:
+        """One round: ``steps`` steps, each timed (see :func:`round_rate`)."""
         import torch
 
         torch.set_num_threads(self.threads)
         barrier()
-        start = clock()
+        seconds = []
         for _ in range(steps):
+            start = clock()
             self.step()
-        return len(self.y) * steps / (clock() - start)
+            if self.x.is_cuda:  # a step's time is when its kernels are done
+                torch.cuda.synchronize()
+            seconds.append(clock() - start)
+        return round_rate(len(self.y), seconds)
 
 
 def gradient_allreduce_seconds(params: int, repeats: int = 5) -> float:

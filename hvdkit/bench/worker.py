@@ -1,19 +1,23 @@
-"""What the benchmark workers share: threads per rank, interleaved rounds, a clock, and handing
-JSON results from rank 0 back to ``hvdkit bench`` (which runs them under horovodrun)."""
+"""What the benchmark workers share: threads per rank, interleaved rounds, a clock, a round's
+rate from its steps, and handing JSON results from rank 0 back to ``hvdkit bench`` (which runs
+them under horovodrun)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hvdkit import envvars, rank_zero
 
 MARKER = "HVDKIT_BENCH_RESULT "
 PART = "HVDKIT_BENCH_PART "  # a piece of a long result, before the MARKER line that ends it
 PIECE = 2000  # characters of JSON a line: under a pipe's atomic write (4 KiB)
+MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")  # glibc's, read at start
 
 
 @rank_zero.rank_zero_only
@@ -22,30 +26,52 @@ def emit(result: dict) -> None:
     line as a JSON string, and the last on the :data:`MARKER` line. A result line of 5.5 KB
     came back unreadable from a loaded run under mpirun: a line longer than a pipe's atomic
     write can reach the launcher in pieces with other output between them."""
-    text = json.dumps(result, separators=(",", ":"))
+    # What the job ran with (hvdkit bench's steady heap, or not), filed with its numbers.
+    malloc = {name: os.environ.get(name) for name in MALLOC_SETTINGS}
+    text = json.dumps({**result, "malloc": malloc}, separators=(",", ":"))
     pieces = [text[i : i + PIECE] for i in range(0, len(text), PIECE)] or [""]
     for piece in pieces[:-1]:
         print(PART + json.dumps(piece), flush=True)
     print(MARKER + pieces[-1], flush=True)
 
 
-def parse_results(text: str) -> list[dict]:
-    """Every result in a job's output (horovodrun prefixes lines with the rank).
+# A launcher's tag before what a rank wrote: mpirun's ``[1,0]<stdout>:``, horovodrun's
+# ``[0]<stdout>:``.
+_TAG = re.compile(r"\[\d+(?:,\d+)*\]<std(?:out|err)>:")
+_MARKS = re.compile(f"({re.escape(PART)}|{re.escape(MARKER)})")
 
-    Only the JSON right after each marker is read: the launcher may glue another rank's
-    output onto the end of a line."""
+
+def _streams(text: str) -> list[str]:
+    """What each rank wrote to each stream, put back together from a launcher's tagged
+    output. mpirun tags every chunk it reads, and a chunk can end in the middle of a line:
+    ``[1,0]<stdout>:HVDKIT_BENCH_RESU[1,0]<stdout>:LT {...`` came back from a full run, and
+    another rank's output may come between the two halves."""
+    parts = _TAG.split(text)
+    tags = _TAG.findall(text)
+    streams: dict[str, list[str]] = {"": [parts[0]]}
+    for tag, part in zip(tags, parts[1:], strict=True):
+        streams.setdefault(tag, []).append(part)
+    return ["".join(chunks) for chunks in streams.values()]
+
+
+def parse_results(text: str) -> list[dict]:
+    """Every result in a job's output, in the order each rank printed them.
+
+    Only the JSON right after each marker is read: the launcher may glue more output onto
+    the end of a line."""
     decoder = json.JSONDecoder()
-    results, pieces = [], []
-    for line in text.splitlines():
-        try:
-            if PART in line:
-                pieces.append(decoder.raw_decode(line.split(PART, 1)[1])[0])
-            elif MARKER in line:
-                tail = line.split(MARKER, 1)[1]
-                results.append(decoder.raw_decode("".join(pieces) + tail)[0])
-                pieces = []
-        except ValueError:
-            print(f"hvdkit bench: unreadable result line: {line[:200]}", file=sys.stderr)
+    results = []
+    for stream in _streams(text):
+        pieces: list[str] = []
+        for found in _MARKS.finditer(stream):
+            try:
+                if found.group(1) == PART:
+                    pieces.append(decoder.raw_decode(stream, found.end())[0])
+                    continue
+                results.append(decoder.raw_decode("".join(pieces) + stream[found.end() :])[0])
+            except ValueError:
+                line = stream[found.start() :].split("\n", 1)[0]
+                print(f"hvdkit bench: unreadable result line: {line[:200]}", file=sys.stderr)
             pieces = []
     return results
 
@@ -73,3 +99,14 @@ def timed_rounds(variants: dict[str, Callable[[], float]], rounds: int) -> dict[
 
 def clock() -> float:
     return time.perf_counter()
+
+
+def round_rate(samples_per_step: int, step_seconds: Sequence[float]) -> float:
+    """A round's samples per second at its median step time. This VM stalls single steps
+    (Keras fit on TensorFlow at 2 ranks: the per-round ratio of two variants spread 0.90-1.12
+    from round totals, 0.97-1.07 from median steps, 2026-11-27); a cost paid on every step
+    is in the median in full. The bench's hvdkit variants do no work every few steps only
+    (no checkpoint, preemption or elastic commits), which a median would hide."""
+    if not step_seconds:
+        raise ValueError("a round needs at least one timed step")
+    return samples_per_step / statistics.median(step_seconds)

@@ -53,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads per rank at every world size (default: cores / the "
                              "largest world size)")  # fmt: skip
+    parser.add_argument("--glibc-malloc-defaults", action="store_true",
+                        help="run the jobs with glibc's own malloc thresholds (default: blocks "
+                             "up to 32 MiB from the heap, kept: fewer page faults, steadier "
+                             "steps)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer sizes, steps and rounds")
     parser.add_argument("--json", metavar="PATH", help="write every number here")
     parser.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
@@ -128,6 +132,7 @@ def bench_command(args: argparse.Namespace) -> int:
         keras_backends=args.keras_backends,
         threads=args.threads or cores_per_process(max(args.np or (1,))),
         gpu=_has_gpu(),
+        steady_heap=not args.glibc_malloc_defaults,
     )
     try:
         jobs = plan_jobs(config, available)
