@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from hvdkit import envvars
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
+from hvdkit.bench.worker import STEADY_HEAP
 from hvdkit.build.config import Controller
 from hvdkit.launch.plan import default_controller
 
@@ -45,13 +46,6 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     key: dict[str, object] = field(default_factory=dict)  # what the result is filed under
 
-
-# glibc's malloc, for every job: blocks up to 32 MiB come from the heap (not fresh mmap()s,
-# whose pages fault in again each step) and freed memory stays there. On this 2-core VM, torch's
-# CNN step at one rank then took 34.8 ms instead of 41.5 ms (page faults 3.4 M -> 73 K over
-# 1,000 steps, system time 6.6 s -> 0.3 s), and its step-to-step spread (p10-p90) went from
-# +-8% to +-2% (2026-11-27): the variants are compared at the same heap settings either way.
-STEADY_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 * MIB), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
 
 # On a GPU: ResNet-50, bf16 autocast + channels_last, one rank, hvdkit against the plain loop
 # (batch, steps per round, rounds; quick second). What a GPU user runs; an H100 does ~4,000
