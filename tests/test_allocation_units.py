@@ -190,6 +190,49 @@ def test_outside_any_allocation_nothing_is_detected():
     assert detect({"HOME": "/root", "PATH": "/bin"}, *files({})) is None
 
 
+# What `srun -N1 -n1 hvdkit run` sees in a 2-node job of 4 tasks per node (Slurm's
+# env_array_for_step): the step's own counts and node list beside the job's node list.
+STEP_OF_ONE = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NODELIST": "node1",
+               "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_TASKS_PER_NODE": "1",
+               "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_ID": "0",
+               "SLURM_STEP_NODELIST": "node1", "SLURM_STEP_NUM_TASKS": "1",
+               "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_PROCID": "0",
+               "SLURM_JOB_CPUS_PER_NODE": "4(x2)"}  # fmt: skip
+
+
+def test_inside_an_srun_step_the_jobs_nodes_and_tasks_per_node_are_planned():
+    """Issue 49, item 16: the fix hvdkit prints for a bare srun start, `srun -N1 -n1 hvdkit
+    run`, planned the step (1 task) against the job's node list (2 nodes) and failed."""
+    env = {**STEP_OF_ONE, "SLURM_NTASKS_PER_NODE": "4", "SLURM_GPUS_ON_NODE": "1",
+           "SLURM_GPUS_PER_NODE": "a100:4"}  # fmt: skip
+    alloc = detect(env, *files({}))
+    assert [(h.name, h.slots) for h in alloc.hosts] == [("node1", 4), ("node2", 4)]
+    assert alloc.gpus_per_node == 4  # the job's per node, not the one GPU of the step
+    assert alloc.describe() == (
+        "hosts from the Slurm job 7 allocation (SLURM_JOB_NODELIST=node[1-2], "
+        "SLURM_NTASKS_PER_NODE=4; the job's, not this srun step's, GPUs per node 4): "
+        "node1:4, node2:4"
+    )
+    one_node = {**env, "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_NUM_NODES": "1"}
+    assert [(h.name, h.slots) for h in detect(one_node, *files({})).hosts] == [("node1", 4)]
+
+
+def test_inside_an_srun_step_without_the_jobs_tasks_per_node_the_fix_is_named():
+    with pytest.raises(AllocationError) as raised:
+        detect(STEP_OF_ONE, *files({}))
+    message = str(raised.value)
+    assert message.startswith(
+        "hvdkit run runs inside an srun step (SLURM_STEP_NUM_TASKS=1), whose task variables "
+        "describe the step, not the job on SLURM_JOB_NODELIST='node[1-2]'"
+    )
+    assert "Fix: run `hvdkit run` in the batch script or salloc shell itself" in message
+    assert "--ntasks-per-node=N" in message and "-H node1:N,..." in message
+    with pytest.raises(AllocationError, match="SLURM_NTASKS_PER_NODE='x' is not a positive"):
+        detect({**STEP_OF_ONE, "SLURM_NTASKS_PER_NODE": "x"}, *files({}))
+    with pytest.raises(AllocationError, match="SLURM_NTASKS_PER_NODE=5000 is more than"):
+        detect({**STEP_OF_ONE, "SLURM_NTASKS_PER_NODE": "5000"}, *files({}))
+
+
 SRUN_TASK = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
              "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0"}  # fmt: skip
 
@@ -200,6 +243,10 @@ def test_srun_tasks_without_a_launcher_are_stopped_with_the_fix(mpi_built):
     assert message.startswith("srun started this script as task 1 of 2, but not through a")
     assert "rank 0 of 1" in message and "hvdkit run -- python SCRIPT" in message
     assert ("srun --mpi=pmix" in message) is mpi_built
+    # `srun -N1 -n1 hvdkit run` is offered only where hvdkit can read the job's layout in it.
+    assert "srun -N1 -n1" not in message
+    with_layout = direct.problem({**SRUN_TASK, "SLURM_NTASKS_PER_NODE": "1"}, mpi_built)
+    assert "(or `srun -N1 -n1 hvdkit run -- python SCRIPT`)" in with_layout
     with pytest.raises(direct.DirectStartError, match="task 1 of 2"):
         direct.check(mpi_built, SRUN_TASK)
 

@@ -54,6 +54,15 @@ def test_fixed_host_list_offers_every_slot_and_needs_two_hosts():
         plan(ElasticConfig(min_np=1), hosts=[Host("a", 4)])
 
 
+def test_every_host_of_a_fixed_elastic_list_is_checked_not_only_those_used_first():
+    """Issue 49, item 15: an IPv6 literal among the hosts an elastic job had not started on yet
+    reached horovodrun's -H, which cannot carry it."""
+    hosts = [Host("a", 2), Host("b", 2), Host("fe80::1", 2, source="-H item 3")]
+    with pytest.raises(LaunchError, match=r"^-H item 3: fe80::1 is an IPv6 literal"):
+        plan(ElasticConfig(min_np=1), hosts=hosts, np=2)
+    assert plan(None, hosts=hosts, np=2).argv[3:5] == ["-H", "a:2"]  # a fixed job uses 'a' only
+
+
 @pytest.mark.parametrize(
     ("kwargs", "np", "message"),
     [
@@ -126,6 +135,21 @@ def test_probe_reports_missing_unexecutable_failing_and_bad_scripts(tmp_path):
         probe(str(script), None, timeout=1)
 
 
+def test_probe_names_a_command_a_shell_cannot_read_and_output_that_is_not_text(tmp_path):
+    """Issue 49, item 15: an unbalanced quote, and bytes that are not UTF-8, were tracebacks."""
+    with pytest.raises(ElasticError, match=r"^--host-discovery-script '\./d\.sh: a shell cannot "
+                       r"read it \(no closing quotation\)\. Fix: balance its quotes"):  # fmt: skip
+        probe("'./d.sh", None)
+    script = tmp_path / "d.sh"
+    script.write_bytes(b"#!/bin/sh\necho localhost:1\nprintf 'caf\\351:1\\n'\n")
+    script.chmod(0o755)
+    with pytest.raises(ElasticError, match=r"output line 2 is not UTF-8 text\. Fix: print host"):
+        probe(str(script), None)
+    script.write_bytes(b"#!/bin/sh\nprintf 'caf\\351' >&2\nexit 4\n")
+    with pytest.raises(ElasticError, match="exited with status 4:\ncaf\ufffd"):
+        probe(str(script), None)
+
+
 TWO_HOSTS = ["-H", "localhost:1,127.0.0.1:1"]
 
 
@@ -136,6 +160,8 @@ TWO_HOSTS = ["-H", "localhost:1,127.0.0.1:1"]
         ([*TWO_HOSTS, "--stall-timeout", "5"], "--stall-timeout is for elastic jobs"),
         ([*TWO_HOSTS, "--min-np", "1", "--mpi"], "Horovod's elastic mode runs on Gloo only"),
         (["--min-np", "1", "--host-discovery-script", "/nonexistent/d.sh"], "no such file"),
+        (["--min-np", "1", "--host-discovery-script", "'./d.sh"], "a shell cannot read it"),
+        (["-np", "1", "--env", "MY-TOKEN=abc123", "--dry-run"], "--env 'MY-TOKEN=...': "),
     ],
 )
 def test_hvdkit_run_refuses_before_starting(args, message):
@@ -144,6 +170,7 @@ def test_hvdkit_run_refuses_before_starting(args, message):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and "abc123" not in out.stderr
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

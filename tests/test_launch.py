@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, WORKERS, interruptible, results
+from test_private_env_units import bash_as_sh
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -196,3 +197,71 @@ def test_gloo_ranks_on_this_machine_get_the_environment_off_their_command_lines(
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     assert wait_gone(pids)
+
+
+def test_where_sh_is_bash_an_exported_read_only_variable_does_not_stop_the_ranks(tmp_path):
+    """Issue 49, item 13: where /bin/sh is bash (RHEL, Rocky, SUSE), a user's exported
+    SHELLOPTS or BASHOPTS (UID and EUID on another host), read-only in bash, stopped every Gloo
+    rank's shell (`SHELLOPTS: readonly variable`). Each rank's shell here is bash as sh."""
+    bin_dir = bash_as_sh(tmp_path)
+    out = hvdkit(
+        "run", "-np", "2", "--gloo", "--", sys.executable, WORKER,
+        env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "UID": str(os.getuid()),
+             "SHELLOPTS": "braceexpand:hashall:interactive-comments", "BASHOPTS": "cmdhist",
+             "HVDKIT_TEST_VALUE": "under bash"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    r = results(out)
+    assert sorted(r) == [0, 1] and r[0]["forwarded"] == r[1]["forwarded"] == "under bash"
+    assert "readonly variable" not in out.stderr
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh [-o OPT]... [-p PORT] [-i FILE] HOST COMMAND: runs COMMAND on this machine, in a fresh
+# environment as sshd gives it, with its stdin {stdin}.
+host=
+while [ $# -gt 0 ]; do  # options may follow HOST, as horovodrun gives them
+    case $1 in
+        -o|-p|-i) shift 2 ;;
+        -*) shift ;;
+        *) [ -z "$host" ] || break; host=$1; shift ;;
+    esac
+done
+exec env -i PATH="$PATH" HOME="$HOME" sh -c "$*" {redirect}
+"""
+
+
+@pytest.mark.parametrize("drops_stdin", [True, False])
+def test_a_transport_that_drops_stdin_starts_no_rank_without_its_environment(tmp_path, drops_stdin):
+    """Issue 49, item 14: a rank on another host reached through a transport that drops
+    stdin (Kubeflow's kubexec.sh: kubectl exec without -i; ssh -n) ran without the forwarded
+    environment. 127.0.0.2 is another host to horovodrun; an `ssh` on PATH starts its rank
+    here, in a fresh environment, so the variables reach it on its stdin or not at all."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH.format(
+        stdin="dropped (ssh -n)" if drops_stdin else "passed on",
+        redirect="</dev/null" if drops_stdin else "",
+    ))  # fmt: skip
+    ssh.chmod(0o755)
+    out = hvdkit(
+        "run", "-H", "127.0.0.2:1", "--gloo", "--network-interface", "lo", "--",
+        sys.executable, WORKER, timeout=180,
+        env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "HVDKIT_TEST_VALUE": "over the wire"},
+    )  # fmt: skip
+    if drops_stdin:
+        assert out.returncode != 0 and "RESULT" not in out.stdout, out.stdout[-2000:]
+        assert "hvdkit run: rank 0 on host 127.0.0.2 failed" in out.stderr, out.stderr[-3000:]
+        assert "hvdkit: rank not started: its environment did not arrive on its stdin" in out.stderr
+    else:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        assert results(out)[0]["forwarded"] == "over the wire"
+
+
+def test_a_value_that_is_not_utf8_reaches_each_rank_as_its_bytes():
+    """Issue 49, item 15: a variable whose value is not UTF-8 (a Latin-1 path, say) failed
+    every Gloo rank's start with UnicodeEncodeError."""
+    value = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python holds such a value
+    out = hvdkit("run", "-np", "1", "--gloo", "--", sys.executable, WORKER,
+                 env={"HVDKIT_TEST_VALUE": value})  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert results(out)[0]["forwarded"] == value

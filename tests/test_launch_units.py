@@ -126,8 +126,15 @@ def test_env_forwarding():
     }
     with pytest.raises(LaunchError, match="--env MISSING: MISSING is not set"):
         forwarded_env(("MISSING",), {})
-    with pytest.raises(LaunchError, match="expected NAME or NAME=VALUE"):
+    with pytest.raises(LaunchError, match="give NAME or NAME=VALUE"):
         forwarded_env(("1BAD=x",), {})
+    # Issue 49, item 15: a malformed item's value (often a token) stays out of the error.
+    for item, shown in [("MY-TOKEN=abc123", "'MY-TOKEN=...'"), ("=abc123", "'=...'"),
+                        ("NAÏVE=abc123", "'NAÏVE=...'"), ("BAD NAME", "'BAD NAME'")]:  # fmt: skip
+        with pytest.raises(LaunchError) as raised:
+            forwarded_env((item,), {})
+        message = str(raised.value)
+        assert message.startswith(f"--env {shown}: ") and "abc123" not in message
 
 
 def test_dry_run_shows_rank_map_and_environment():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -40,7 +41,7 @@ def test_a_rank_gets_every_value_exactly_and_runs_nothing_from_them(tmp_path):
     marker = tmp_path / "ran"
     env = {k: v.format(marker=marker) for k, v in TRICKY.items()}
     file = tmp_path / "exports"
-    file.write_text(private_env.exports(env))
+    file.write_bytes(private_env.exports(env))
     file.chmod(0o600)
     dump = "import json, os, sys; print(json.dumps({k: os.environ.get(k) for k in sys.argv[1:]}))"
     names = " ".join([*env, "HOROVOD_RANK"])
@@ -59,13 +60,83 @@ def test_a_rank_gets_every_value_exactly_and_runs_nothing_from_them(tmp_path):
 
 def test_the_rank_reads_stdin_to_its_end_and_then_has_none(tmp_path):
     file = tmp_path / "exports"
-    file.write_text(private_env.exports({"X": "1"}))
+    file.write_bytes(private_env.exports({"X": "1"}))
     command = private_env.receiving(
         "env python3 -c " + shlex.quote("import sys; print(repr(sys.stdin.read()))")
     )
     out = subprocess.run(private_env.from_file(str(file), command), shell=True,
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip() == "''", out
+
+
+DUMP = "import json, os, sys; print(json.dumps({k: os.environ.get(k) for k in sys.argv[1:]}))"
+
+
+def bash_as_sh(tmp_path) -> str:
+    """A directory whose ``sh`` is bash, as /bin/sh is on RHEL, Rocky and SUSE: bash, invoked
+    as sh, runs in POSIX mode, where a failed assignment ends the shell."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("needs bash")
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    (directory / "sh").symlink_to(bash)
+    return str(directory)
+
+
+def test_where_sh_is_bash_its_read_only_variables_do_not_stop_the_rank(tmp_path):
+    """Issue 49, item 13: a user's exported UID (EUID, SHELLOPTS, BASHOPTS), read-only in
+    bash, ended the rank's shell (`UID: readonly variable`) before the rank started. The rank's
+    start command runs here under bash as sh, its environment fresh as a remote shell's."""
+    bin_dir = bash_as_sh(tmp_path)
+    env = {"UID": "4321", "EUID": "4321", "SHELLOPTS": "braceexpand:hashall", "BASHOPTS": "x",
+           "PLAIN": "reached the rank"}  # fmt: skip
+    file = tmp_path / "exports"
+    file.write_bytes(private_env.exports(env))
+    names = " ".join(env)
+    command = private_env.receiving(f"env HOROVOD_RANK=0 python3 -c {shlex.quote(DUMP)} {names}")
+    out = subprocess.run(
+        [f"{bin_dir}/sh", "-c", private_env.from_file(str(file), command)], capture_output=True,
+        text=True, timeout=30, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["PLAIN"] == "reached the rank"  # and the exports after UID's were made too
+    assert got["UID"] in (str(os.getuid()), None)  # the shell's own (its user's), not 4321
+    assert "readonly" not in out.stderr
+
+
+@pytest.mark.parametrize("transport", ["stdin dropped", "stdin cut short"])
+def test_a_rank_whose_exports_did_not_all_arrive_is_not_started(tmp_path, transport):
+    """Issue 49, item 14: `kubectl exec` without -i, or `ssh -n`, gives the rank's shell an
+    empty stdin; the rank ran without the user's environment. Now it is not started."""
+    marker = tmp_path / "rank-ran"
+    command = private_env.receiving(f"touch {shlex.quote(str(marker))}")
+    exports = private_env.exports({"A": "1", "B": "two words"})
+    given = b"" if transport == "stdin dropped" else exports[: exports.index(b"B=")]
+    for shell in ["sh", f"{bash_as_sh(tmp_path)}/sh"]:
+        out = subprocess.run([shell, "-c", command], input=given, capture_output=True,
+                             timeout=30)  # fmt: skip
+        assert out.returncode == 1 and not marker.exists(), out
+        assert out.stderr.decode().startswith(
+            "hvdkit: rank not started: its environment did not arrive on its stdin on host "
+        )
+        assert "kubectl exec -i" in out.stderr.decode()
+    whole = subprocess.run(["sh", "-c", command], input=exports, capture_output=True, timeout=30)
+    assert whole.returncode == 0 and marker.exists(), whole
+
+
+def test_a_value_that_is_not_utf8_reaches_the_rank_as_its_bytes(tmp_path):
+    """Issue 49, item 15: Python holds such a value with surrogate escapes; writing the exports
+    raised UnicodeEncodeError in every rank start."""
+    value = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")
+    file = tmp_path / "exports"
+    file.write_bytes(private_env.exports({"RAW": value}))
+    show = "import os; print(os.environb[b'RAW'].hex())"
+    command = private_env.receiving(f"python3 -c {shlex.quote(show)}")
+    out = subprocess.run(private_env.from_file(str(file), command), shell=True,
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == b"caf\xe9 \xff".hex(), out
 
 
 @pytest.mark.parametrize(

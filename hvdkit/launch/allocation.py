@@ -185,8 +185,17 @@ def _once(hosts: tuple[Host, ...], where: str) -> tuple[Host, ...]:
     return hosts
 
 
+STEP_VARIABLES = ("SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE")
+"""Set by ``srun`` for the tasks of a job step (never in the batch script or salloc shell),
+which also get the step's own ``SLURM_NTASKS``, ``SLURM_NODELIST`` and
+``SLURM_TASKS_PER_NODE`` in place of the job's."""
+
+
 def slurm(env: Mapping[str, str]) -> Allocation | None:
-    """A Slurm job's nodes and tasks per node (inside ``sbatch`` or ``salloc``)."""
+    """A Slurm job's nodes and tasks per node (inside ``sbatch`` or ``salloc``, or in an
+    ``srun`` step such as ``srun -N1 -n1 hvdkit run``)."""
+    if env.get("SLURM_JOB_NODELIST") and any(env.get(v) for v in STEP_VARIABLES):
+        return _slurm_job_from_step(env)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         return None
@@ -228,8 +237,52 @@ def slurm(env: Mapping[str, str]) -> Allocation | None:
     return Allocation("Slurm", hosts, origin, env.get("SLURM_JOB_ID"), gpus)
 
 
-def _slurm_gpus(env: Mapping[str, str]) -> int | None:
-    for variable in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+def _slurm_job_from_step(env: Mapping[str, str]) -> Allocation:
+    """The job's nodes and tasks per node, read inside one of its ``srun`` steps: its task
+    variables describe the step (``srun -N1 -n1``: one task on one node), so the job's
+    ``SLURM_JOB_NODELIST`` goes with its ``--ntasks-per-node`` (``SLURM_NTASKS_PER_NODE``),
+    the only count of the job's that a step keeps."""
+    nodelist = env["SLURM_JOB_NODELIST"]
+    names = expand_nodelist(nodelist)
+    per_node = _positive(env, "SLURM_NTASKS_PER_NODE")
+    if per_node is not None and per_node > MAX_SLOTS:
+        raise AllocationError(
+            f"SLURM_NTASKS_PER_NODE={per_node} is more than the {MAX_SLOTS} tasks hvdkit starts "
+            "on a node. Fix: correct it (was it set by hand?)"
+        )
+    if per_node is None:
+        raise AllocationError(_step_without_counts(env, nodelist, names[0]))
+    origin = (
+        f"SLURM_JOB_NODELIST={nodelist}, SLURM_NTASKS_PER_NODE={per_node}; the job's, not "
+        "this srun step's"
+    )
+    source = "Slurm (SLURM_JOB_NODELIST)"
+    hosts = _once(
+        tuple(Host(name, per_node, source=source) for name in names),
+        f"SLURM_JOB_NODELIST={nodelist!r}",
+    )
+    gpus = _slurm_gpus(env, ("SLURM_GPUS_PER_NODE",))  # the step's own GPUs may be fewer
+    if gpus is not None:
+        origin += f", GPUs per node {gpus}"
+    return Allocation("Slurm", hosts, origin, env.get("SLURM_JOB_ID"), gpus)
+
+
+def _step_without_counts(env: Mapping[str, str], nodelist: str, first: str) -> str:
+    step = next(f"{v}={env[v]}" for v in STEP_VARIABLES if env.get(v))
+    return (
+        f"hvdkit run runs inside an srun step ({step}), whose task variables describe the "
+        f"step, not the job on SLURM_JOB_NODELIST={nodelist!r}, and the step does not have the "
+        "job's tasks per node. Fix: run `hvdkit run` in the batch script or salloc shell itself "
+        "(not under srun); or give the job --ntasks-per-node=N (#SBATCH --ntasks-per-node=N, "
+        f"which hvdkit reads as SLURM_NTASKS_PER_NODE); or list the hosts: -H {first}:N,..."
+    )
+
+
+def _slurm_gpus(
+    env: Mapping[str, str],
+    variables: tuple[str, ...] = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"),
+) -> int | None:
+    for variable in variables:
         value = env.get(variable, "")
         match = re.fullmatch(r"(?:[\w-]+:)?([0-9]{1,9})", value)  # "2" or "a100:2"
         if match:

@@ -49,9 +49,11 @@ def problem(env: Mapping[str, str], mpi_built: bool) -> str | None:
         started = f"srun started this script as task {env.get('SLURM_PROCID')} of {size}"
         fix = (
             "start it once through hvdkit's launcher, which reads the allocation: "
-            "`hvdkit run -- python SCRIPT` in the sbatch script or salloc shell (or "
-            "`srun -N1 -n1 hvdkit run -- python SCRIPT`)"
+            "`hvdkit run -- python SCRIPT` in the sbatch script or salloc shell"
         )
+        if env.get("SLURM_NTASKS_PER_NODE"):
+            # Inside a step hvdkit run reads the job's layout from this variable alone.
+            fix += " (or `srun -N1 -n1 hvdkit run -- python SCRIPT`)"
         if mpi_built:
             fix += "; or let MPI start it: srun --mpi=pmix -n N python SCRIPT"
     else:

@@ -27,10 +27,7 @@ def probe(command: str, default_slots: int | None, timeout: float = PROBE_TIMEOU
     hosts it lists; raise :class:`ElasticError` naming the script and the fix when it is
     missing, not executable, fails, hangs or prints a line that is not ``host[:slots]``."""
     flag = "--host-discovery-script"
-    words = shlex.split(command)
-    if not words:
-        raise ElasticError(f"{flag}: empty command")
-    program = words[0]
+    program = _program(command, flag)
     path = Path(program) if "/" in program else None
     if path is not None:
         if not path.exists():
@@ -46,7 +43,7 @@ def probe(command: str, default_slots: int | None, timeout: float = PROBE_TIMEOU
         )
     try:
         done = subprocess.run(
-            command, shell=True, capture_output=True, text=True, timeout=timeout, check=False
+            command, shell=True, capture_output=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired:
         raise ElasticError(
@@ -54,13 +51,40 @@ def probe(command: str, default_slots: int | None, timeout: float = PROBE_TIMEOU
             "second, so it must print the hosts and exit quickly"
         ) from None
     if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        tail = "\n".join(done.stderr.decode(errors="replace").strip().splitlines()[-5:])
         raise ElasticError(
             f"{flag} {command}: exited with status {done.returncode}"
             + (f":\n{tail}" if tail else "")
             + "\nFix: it must exit 0 and print one host[:slots] per line"
         )
-    return parse_discovery_output(done.stdout, f"{flag} {command}", default_slots)
+    source = f"{flag} {command}"
+    return parse_discovery_output(_text(done.stdout, source), source, default_slots)
+
+
+def _program(command: str, flag: str) -> str:
+    """The program a discovery ``command`` runs: its first word, as a shell splits it."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:  # shlex's "No closing quotation", "No escaped character"
+        raise ElasticError(
+            f"{flag} {command}: a shell cannot read it ({str(exc).lower()}). Fix: balance its "
+            "quotes, or put the command in a script and give the script's path"
+        ) from None
+    if not words:
+        raise ElasticError(f"{flag}: empty command")
+    return words[0]
+
+
+def _text(output: bytes, source: str) -> str:
+    """A discovery script's output as text; ElasticError naming the line that is not UTF-8."""
+    try:
+        return output.decode()
+    except UnicodeDecodeError as exc:
+        lineno = output[: exc.start].count(b"\n") + 1
+        raise ElasticError(
+            f"{source}: output line {lineno} is not UTF-8 text. Fix: print host names (letters, "
+            "digits, '.', '-', '_'), one host[:slots] per line"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

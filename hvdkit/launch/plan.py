@@ -9,6 +9,7 @@ validated; horovodrun quotes what it passes on over ssh).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field
 
 from hvdkit.build.config import Controller
@@ -28,6 +29,7 @@ MPI_DEFAULT_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 HIDDEN = "(value not shown)"
+SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_RANKS = 1 << 17
 """The most ranks one plan lists (Horovod's largest reported jobs are ~27,000 GPUs)."""
 
@@ -157,8 +159,12 @@ def forwarded_env(names: tuple[str, ...], environ: dict[str, str]) -> dict[str, 
     out = {}
     for item in names:
         name, sep, value = item.partition("=")
-        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
-            raise LaunchError(f"--env {item!r}: expected NAME or NAME=VALUE with NAME like MY_VAR")
+        if not SHELL_NAME.fullmatch(name):
+            shown = f"{name}=..." if sep else name  # the value may be a secret
+            raise LaunchError(
+                f"--env {shown!r}: {name!r} is not a variable name a shell can export. Fix: "
+                "give NAME or NAME=VALUE with NAME like MY_VAR (letters, digits, _)"
+            )
         if not sep:
             if name not in environ:
                 raise LaunchError(
@@ -221,12 +227,13 @@ def build_plan(
                 "--host-discovery-script SCRIPT, which can add hosts while the job runs"
             )
     used = allocate(hosts, np)
-    for host, _ in used:
+    # An elastic job may move to any host listed, not only to those the first ranks fill.
+    for host in (h for h, _ in used) if elastic is None else hosts:
         if host.is_ipv6:
             raise LaunchError(
-                f"{host.source}: {host.name} is an IPv6 literal, which horovodrun's -H cannot "
-                "carry (it splits on ':'). Fix: give the host a name (/etc/hosts or DNS) and use "
-                "that in the hostfile"
+                f"{host.source}: {host.name} is an IPv6 literal, which horovodrun's host lists "
+                "cannot carry (they split on ':'). Fix: give the host a name (/etc/hosts or DNS) "
+                "and use that in the hostfile"
             )
     ranks = rank_map(used)
     argv = [horovodrun, "-np", str(len(ranks))]

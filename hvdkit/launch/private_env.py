@@ -14,7 +14,12 @@ process by :mod:`hvdkit.launch.horovodrun`, this module keeps Horovod's own plac
   other host inside the encrypted connection;
 - a POSIX ``sh`` at the rank's end reads stdin, exports what it read and runs the rank with
   ``/dev/null`` as stdin (what Horovod gives ranks anyway). Nothing but ``sh`` and ``cat`` is
-  needed on the remote host.
+  needed on the remote host;
+- the exports end with a line that marks them complete: a rank whose stdin was dropped or cut
+  short on the way (``kubectl exec`` without ``-i``, ``ssh -n``) is not started, rather than
+  started without the user's environment;
+- a variable the rank's shell holds read-only (bash's ``UID``, ``EUID``, ``SHELLOPTS``,
+  ``BASHOPTS`` where ``/bin/sh`` is bash) keeps the shell's value instead of failing the start.
 
 The pure parts (what is forwarded, the exports text, the commands) are functions of their
 arguments, for unit tests; :func:`install` is the only part that touches Horovod.
@@ -34,8 +39,22 @@ from typing import Any
 
 from hvdkit import envvars
 
-RECEIVE = 'eval "$(cat)" && exec "$@" </dev/null'
-"""What the rank's ``sh -c`` runs: export the variables read from stdin, then the rank."""
+ARRIVED = "hvdkit_env_arrived"
+"""The shell variable (not exported) that the exports' last line sets."""
+NOT_ARRIVED = (
+    "hvdkit: rank not started: its environment did not arrive on its stdin on host "
+    "$(uname -n) (stdin dropped on the way: kubectl exec without -i, ssh -n?). Fix: make what "
+    "starts ranks there pass stdin on (Kubeflow's /etc/mpi/kubexec.sh: kubectl exec -i)"
+)
+# In POSIX mode (bash as /bin/sh) an error of a special builtin such as export, a read-only
+# variable's, ends the shell; run through `command`, it fails that one export alone.
+RECEIVE = (
+    f'{ARRIVED}=; command eval "$(cat)" 2>/dev/null; '
+    f'if [ "${ARRIVED}" != 1 ]; then echo "{NOT_ARRIVED}" >&2; exit 1; fi; '
+    f'unset {ARRIVED}; exec "$@" </dev/null'
+)
+"""What the rank's ``sh -c`` runs: export the variables read from stdin and, if they all
+arrived, run the rank."""
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -61,10 +80,13 @@ def leave_out(environ: Mapping[str, str]) -> list[str]:
     return [n for n in re.split(r"[,\s]+", environ.get(envvars.ENV_EXCLUDE, "")) if n]
 
 
-def exports(env: Mapping[str, str]) -> str:
-    """The stdin text: one ``export NAME='VALUE'`` per variable (names are identifiers,
-    values quoted for sh)."""
-    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items())
+def exports(env: Mapping[str, str]) -> bytes:
+    """The stdin bytes: one ``command export NAME='VALUE'`` per variable (names are
+    identifiers, values quoted for sh), then the line that says they all arrived. A value
+    that is not UTF-8 (Python holds its bytes as surrogate escapes) is passed on as its
+    bytes."""
+    lines = [f"command export {name}={shlex.quote(value)}\n" for name, value in env.items()]
+    return "".join([*lines, f"{ARRIVED}=1\n"]).encode("utf-8", "surrogateescape")
 
 
 def receiving(command: str) -> str:
@@ -84,7 +106,7 @@ class _Channel:
     """The private files of one horovodrun process."""
 
     def __init__(self) -> None:
-        self.text = ""
+        self.data = b""
         self.directory: str | None = None
         self.count = 0
         self.verbose = False
@@ -96,8 +118,8 @@ class _Channel:
         self.count += 1
         path = os.path.join(self.directory, str(self.count))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(self.text)
+        with os.fdopen(fd, "wb") as file:
+            file.write(self.data)
         return path
 
 
@@ -124,7 +146,7 @@ def install() -> None:
         kept, unusable = forwarded(
             {**env, "PYTHONUNBUFFERED": "1"}, env_util.is_exportable, leave_out(env)
         )
-        channel.text = exports(kept)
+        channel.data = exports(kept)
         if channel.verbose:
             print(
                 f"hvdkit: {len(kept)} variable(s) forwarded to each rank on its stdin (not on "
