@@ -55,17 +55,24 @@ def epoch_order(length: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
     return torch.randperm(length, generator=generator).tolist()
 
 
+def shard_length(length: int, size: int, drop_last: bool) -> int:
+    """How many samples each of ``size`` ranks gets of a whole epoch of ``length``
+    (:func:`remaining` with nothing done)."""
+    return length // size if drop_last else -(-length // size)
+
+
 def remaining(order: list[int], done: int, size: int, rank: int, drop_last: bool) -> list[int]:
     """Rank ``rank`` of ``size``'s share of ``order`` after the first ``done`` samples.
 
     Every rank gets the same count (no rank waits forever in an allreduce): the rest is cut to
-    a multiple of ``size`` with ``drop_last``, else padded by repeating its first samples, as
-    ``DistributedSampler`` pads. With ``done=0`` the split is ``DistributedSampler``'s."""
+    a multiple of ``size`` with ``drop_last``, else padded by repeating the epoch's first
+    samples, as ``DistributedSampler`` pads. With ``done=0`` the split is
+    ``DistributedSampler``'s, and a resume at the same size pads as the run it resumes did."""
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"rank {rank} of {size}: not a valid rank")
     rest = order[max(0, done) :]
     if drop_last:
         rest = rest[: len(rest) - len(rest) % size]
     elif rest and len(rest) % size:
-        rest += (rest * size)[: size - len(rest) % size]
+        rest += (order * size)[: size - len(rest) % size]
     return rest[rank::size]

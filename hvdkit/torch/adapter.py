@@ -83,6 +83,7 @@ class TorchAdapter(Adapter):
         self.position = Position()
         self.scaler: Any = None  # the AMP GradScaler the session steps with, once it has one
         self.scaler_state: dict[str, Any] | None = None  # a resumed one's, until it is given
+        self.scheduler_state: dict[str, Any] | None = None  # likewise, for a later scheduler
         self.legacy_batches = 0  # a checkpoint from before positions: batches of its epoch
         self.resumed_optimizer: dict[str, Any] | None = None  # the root's, for sharded ranks
 
@@ -93,6 +94,17 @@ class TorchAdapter(Adapter):
     epoch = property(
         lambda self: self.position.epoch, lambda self, v: setattr(self.position, "epoch", v)
     )
+
+    def outside(self) -> list[torch.Tensor]:
+        """The optimizer's parameters that are not the model's (a learnable loss weight, an
+        ArcFace head kept apart), in the optimizer's order: hvdkit moves, broadcasts, checks
+        and checkpoints them with the model's."""
+        mine = {id(p) for p in self.model.parameters()}
+        groups = self.optimizer.param_groups
+        return [p for g in groups for p in g["params"] if id(p) not in mine]
+
+    def named_outside(self) -> list[tuple[str, torch.Tensor]]:
+        return [(f"hvdkit.outside.{i}", p) for i, p in enumerate(self.outside())]
 
     def _init(self) -> Topology:
         init()
@@ -105,6 +117,9 @@ class TorchAdapter(Adapter):
         if index is not None:
             self.device = torch.device("cuda", index)
         self.model.to(self.device)
+        with torch.no_grad():
+            for p in self.outside():
+                p.data = p.data.to(self.device)
 
     def _wrap_optimizer(self) -> None:
         cfg = self.config
@@ -116,7 +131,7 @@ class TorchAdapter(Adapter):
         else:
             self.optimizer = DistributedOptimizer(
                 self.optimizer,
-                named_parameters=self.model.named_parameters(),
+                named_parameters=[*self.model.named_parameters(), *self.named_outside()],
                 compression=_COMPRESSION[cfg.compression],
                 backward_passes_per_step=cfg.backward_passes_per_step,
                 op=_OPS[cfg.op],
@@ -131,6 +146,14 @@ class TorchAdapter(Adapter):
                     inner_zero_grad(set_to_none)
 
             self.optimizer.zero_grad = types.MethodType(zero_grad, self.optimizer)  # type: ignore[method-assign]
+            inner_model_zero_grad = self.model.zero_grad
+
+            def model_zero_grad(set_to_none: bool = True) -> None:
+                # model.zero_grad() in the loop, the other usual spelling, alike.
+                if not self.position.micro_step:
+                    inner_model_zero_grad(set_to_none)
+
+            self.model.zero_grad = model_zero_grad  # type: ignore[method-assign]
 
     def _scale_lr(self, warmup: Warmup) -> None:
         inner_step = self.optimizer.step
@@ -175,6 +198,7 @@ class TorchAdapter(Adapter):
     def _load_checkpoint(self, state: dict[str, Any]) -> None:
         try:
             self.model.load_state_dict(state["model"])
+            _copy_outside(self.outside(), state.get("outside"))
             if self.config.shard_optimizer:  # its slice; the other ranks take theirs later
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.resumed_optimizer = state["optimizer"]
@@ -196,6 +220,9 @@ class TorchAdapter(Adapter):
 
     def _broadcast_state(self) -> None:
         broadcast_parameters(self.model.state_dict(), self.config.root_rank)
+        broadcast_parameters(
+            [(n, p.detach()) for n, p in self.named_outside()], self.config.root_rank
+        )
         if self.config.shard_optimizer:
             # Every rank keeps its slice of the root's whole state (None: nothing resumed),
             # cut for the world as it is now (after an elastic reset, a new one).
@@ -227,6 +254,8 @@ class TorchAdapter(Adapter):
         # The root rank loaded it with the weights, where a mismatch is reported to every rank.
         if self.scheduler is not None and info["scheduler"] is not None and not self.is_root:
             self.scheduler.load_state_dict(info["scheduler"])
+        if self.scheduler is None:  # one the script builds after setup: see take_scheduler
+            self.scheduler_state = info["scheduler"]
         if info["world_size"] == hvd.size():
             set_rng_state(info["rng"][hvd.rank()])
         extra: dict[str, Any] | None = info["extra"]
@@ -266,6 +295,7 @@ class TorchAdapter(Adapter):
             "position": position,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "model": self.model.state_dict(),
+            "outside": [p.detach() for p in self.outside()],
             "optimizer": optimizer if optimizer is not None else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "step": self.step_count,
@@ -279,8 +309,12 @@ class TorchAdapter(Adapter):
         return atomic_write(path, lambda fh: torch.save(state, fh))
 
     def _snapshot(self) -> dict[str, Any]:
-        snapshot = copy.deepcopy(
-            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        snapshot: dict[str, Any] = copy.deepcopy(
+            {
+                "model": self.model.state_dict(),
+                "outside": [p.detach() for p in self.outside()],
+                "optimizer": self.optimizer.state_dict(),
+            }
         )
         if self.config.shard_optimizer:  # what rank 0 gives the others at the next sync
             self.resumed_optimizer = snapshot["optimizer"]
@@ -289,6 +323,7 @@ class TorchAdapter(Adapter):
     def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         snapshot = copy.deepcopy(snapshot)
         self.model.load_state_dict(snapshot["model"])
+        _copy_outside(self.outside(), snapshot["outside"])
         # Into the existing param groups: an LR scheduler drives those dicts, and torch's
         # load_state_dict would replace them (the scheduler then sets an LR nothing uses).
         if self.config.shard_optimizer:  # re-cut for the world after the reset, at the sync
@@ -307,6 +342,14 @@ class TorchAdapter(Adapter):
         if self.scheduler is not None and position["scheduler"] is not None:
             self.scheduler.load_state_dict(position["scheduler"])
 
+    def take_scheduler(self, scheduler: Any) -> None:
+        """An LR scheduler built after setup: saved in the checkpoints from now on, and given
+        the resumed one's state (the same on every rank) if there is one."""
+        self.scheduler = scheduler
+        if scheduler is not None and self.scheduler_state is not None:
+            scheduler.load_state_dict(self.scheduler_state)
+            self.scheduler_state = None
+
     def take_scaler(self, scaler: Any) -> None:
         """The AMP ``GradScaler`` the session steps with: saved in its checkpoints, and given
         the resumed one's state (loss scale, growth tracker) the first time."""
@@ -317,3 +360,20 @@ class TorchAdapter(Adapter):
 
     def _broadcast_object(self, obj: Any) -> Any:
         return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")
+
+
+def _copy_outside(params: list[torch.Tensor], saved: list[torch.Tensor] | None) -> None:
+    """Saved values of the parameters outside the model into them (a checkpoint from before
+    they were saved has none: they keep their values)."""
+    if saved is None:
+        return
+    shapes = [tuple(p.shape) for p in params]
+    saved_shapes = [tuple(t.shape) for t in saved]
+    if shapes != saved_shapes:
+        raise ValueError(
+            f"the optimizer's parameters outside the model have shapes {shapes}, the "
+            f"checkpoint's {saved_shapes}"
+        )
+    with torch.no_grad():
+        for p, value in zip(params, saved, strict=True):
+            p.copy_(value)

@@ -174,7 +174,7 @@ def load_optimizer_state_(optimizer: torch.optim.Optimizer, state_dict: dict[str
             f"optimizer state has param groups of sizes {saved_sizes}, this optimizer {sizes}"
         )
     params = {
-        pid: p
+        pid: (p, group)
         for saved, group in zip(saved_groups, groups, strict=True)
         for pid, p in zip(saved["params"], group["params"], strict=True)
     }
@@ -182,9 +182,9 @@ def load_optimizer_state_(optimizer: torch.optim.Optimizer, state_dict: dict[str
         group.update({k: v for k, v in saved.items() if k != "params"})
     optimizer.state.clear()
     for pid, entries in state_dict["state"].items():
-        param = params[int(pid)]
+        param, group = params[int(pid)]
         optimizer.state[param] = {
-            key: _like_param(value, param) if key != "step" else value
+            key: _like_param(value, param) if key != "step" else _step_like(value, param, group)
             for key, value in entries.items()
         }
 
@@ -194,3 +194,12 @@ def _like_param(value: Any, param: torch.Tensor) -> Any:
         return value
     dtype = param.dtype if value.is_floating_point() else value.dtype
     return value.to(device=param.device, dtype=dtype)
+
+
+def _step_like(value: Any, param: torch.Tensor, group: dict[str, Any]) -> Any:
+    """A step count where torch keeps it: on the CPU, except under ``capturable`` or ``fused``
+    (Adam, AdamW, ...), whose kernels read it on the parameter's device, as float32 (torch's
+    own ``load_state_dict`` rule). A checkpoint is read onto the CPU."""
+    if torch.is_tensor(value) and (group.get("capturable") or group.get("fused")):
+        return value.to(device=param.device, dtype=torch.float32)
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sized
 from pathlib import Path
 from typing import Any, Unpack, cast
@@ -14,7 +15,7 @@ from hvdkit import preempt, rank_zero, sync
 from hvdkit.core import SetupConfig, SetupOptions
 from hvdkit.devices import cores_per_process
 from hvdkit.elastic import SessionElastic
-from hvdkit.position import Position, epoch_order, remaining
+from hvdkit.position import Position, epoch_order, remaining, shard_length
 from hvdkit.profile import recorder as profile_recorder
 from hvdkit.torch.adapter import TorchAdapter
 from hvdkit.torch.optimizer import reduce_and_step, step_or_accumulate
@@ -67,42 +68,70 @@ class _PositionSampler(Sampler[int]):
 
 
 class _EpochLoader:
-    """A DataLoader over :class:`_PositionSampler`: at each iteration the sampler is given the
-    session's position, so every epoch is shuffled differently (and identically on every
-    rank) and a resumed or recovered epoch goes on from the next global sample. Outside
-    :meth:`Session.epochs` (a plain ``for epoch in range(n)`` loop) each full pass ends the
-    position's epoch itself, so the next pass is shuffled anew too."""
+    """A DataLoader over :class:`_PositionSampler`.
+
+    The loader whose batches reach ``backward_and_step`` owns the session's position (the
+    training loader): at each pass its sampler is given the position, so every epoch is
+    shuffled differently (and identically on every rank) and a resumed or recovered epoch
+    goes on from the next global sample; outside :meth:`Session.epochs` (a plain
+    ``for epoch in range(n)`` loop) its full pass ends the position's epoch, so the next pass
+    is shuffled anew too. Any other loader of the session (validation, made with the same
+    defaults and iterated inside or after the epoch) goes over its whole epoch and leaves
+    the position alone. Before the first step, a pass that starts while no other pass is
+    open takes the position provisionally (a resumed epoch goes on from its next sample); it
+    ends nothing unless one of its batches was stepped on."""
 
     def __init__(self, loader: DataLoader, sampler: _PositionSampler, session: Session) -> None:
         self.loader, self.sampler, self.session = loader, sampler, session
+        self.open = False  # inside a pass
+        self.batch_samples = 0  # samples one batch is, over all ranks
+        self.stepped = False  # a batch of this pass reached backward_and_step
 
     def __iter__(self) -> Iterator[Any]:
         session, elastic = self.session, self.session._elastic
         position = session.position
-        while True:
-            generation = elastic.generation if elastic is not None else 0
-            session._begin_pass((self.loader.batch_size or 1) * session.size)
-            resumed = position.samples > 0 and elastic is None
-            self.sampler.begin(position.epoch, position.samples, session.size, session.rank)
-            # A checkpoint holds the RNG as it was mid-epoch, after the iterator drew its
-            # seed at the epoch's start: a resumed epoch's iterator must not draw again.
-            state = torch.random.get_rng_state() if resumed else None
-            batches = iter(self.loader)
-            if state is not None:
-                torch.random.set_rng_state(state)
-            for batch in batches:
-                yield batch
-                if elastic is not None and elastic.generation != generation:
-                    break  # recovered: go on from the restored position, re-split
-            else:
-                session._flush()
-                if elastic is not None and elastic.generation != generation:
-                    continue  # recovered during that last step: from the restored position
-                session._end_pass()
-                return
+        drives = session._drives(self)
+        self.open, self.stepped = True, False
+        try:
+            while True:
+                generation = elastic.generation if elastic is not None else 0
+                self.batch_samples = (self.loader.batch_size or 1) * session.size
+                if drives:
+                    session._begin_pass(self)
+                    done = position.samples
+                else:
+                    done = 0
+                resumed = drives and done > 0 and elastic is None
+                self.sampler.begin(position.epoch, done, session.size, session.rank)
+                # A checkpoint holds the RNG as it was mid-epoch, after the iterator drew its
+                # seed at the epoch's start: a resumed epoch's iterator must not draw again.
+                state = torch.random.get_rng_state() if resumed else None
+                batches = iter(self.loader)
+                if state is not None:
+                    torch.random.set_rng_state(state)
+                for batch in batches:
+                    session._current = self
+                    yield batch
+                    if elastic is not None and elastic.generation != generation:
+                        break  # recovered: go on from the restored position, re-split
+                else:
+                    if session._owner is not self:
+                        return  # not the training loader: nothing of the position's to end
+                    session._flush()
+                    if elastic is not None and elastic.generation != generation:
+                        continue  # recovered during that last step: from the restored position
+                    session._end_pass()
+                    return
+        finally:
+            self.open = False
 
     def __len__(self) -> int:
-        return len(self.loader)
+        """The batches of a whole epoch at the current world size (what a scheduler's
+        ``total_steps`` and a progress bar want; a resumed epoch's first pass yields fewer)."""
+        sampler, session = self.sampler, self.session
+        rows = shard_length(sampler.length, session.size, sampler.drop_last)
+        batch = self.loader.batch_size or 1
+        return rows // batch if self.loader.drop_last else -(-rows // batch)
 
 
 class Session:
@@ -115,7 +144,9 @@ class Session:
         self.topology = adapter.topology
         self.resumed: dict[str, Any] | None = adapter.resumed
         self._synced_once = False
-        self._batch_samples = 0  # samples one batch of the current pass is, over all ranks
+        self._owner: _EpochLoader | None = None  # the loader whose batches are stepped on
+        self._current: _EpochLoader | None = None  # the loader whose batch came last
+        self._loaders: weakref.WeakSet[_EpochLoader] = weakref.WeakSet()  # from shard()
         self._in_epochs = False  # whether epochs() drives the position's epoch
         self._pending_step: dict[str, Any] | None = None  # an accumulating step's options
         self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
@@ -157,11 +188,36 @@ class Session:
         self.topology = self._adapter.topology
         self._synced_once = False  # every rank, joined or not, checks the sync after a step
 
-    def _begin_pass(self, batch_samples: int) -> None:
-        self._batch_samples = batch_samples
+    @property
+    def _batch_samples(self) -> int:
+        """Samples one batch of the training loader is, over all ranks (0: none yet)."""
+        return self._owner.batch_samples if self._owner is not None else 0
+
+    def _drives(self, loader: _EpochLoader) -> bool:
+        """Whether ``loader``'s pass starting now follows (and may end) the position: the
+        training loader's does; before it is known (or between its passes, when a new one
+        may replace it), a pass that starts with no other one open."""
+        if self._owner is loader:
+            return True
+        if self._owner is not None and self._owner.open:
+            return False
+        return not any(other.open for other in self._loaders if other is not loader)
+
+    def _begin_pass(self, loader: _EpochLoader) -> None:
         if self._adapter.legacy_batches:  # a checkpoint from before positions (hvdkit-torch-1)
             done, self._adapter.legacy_batches = self._adapter.legacy_batches, 0
-            self.position.samples = done * batch_samples
+            self.position.samples = done * loader.batch_samples
+
+    def _stepping(self) -> _EpochLoader | None:
+        """At a backward pass: the loader whose batch it is becomes the training loader when
+        there is none, or the last one's pass is over (a loader made anew each epoch)."""
+        current = self._current
+        if current is not None and current is not self._owner and current.open:
+            if self._owner is None or not self._owner.open:
+                self._owner = current
+        if current is not None and current is self._owner:
+            current.stepped = True
+        return self._owner if current is self._owner else None
 
     def _end_pass(self) -> None:
         if self._in_epochs:
@@ -186,7 +242,18 @@ class Session:
 
     model = property(lambda self: self._adapter.model)
     optimizer = property(lambda self: self._adapter.optimizer)
-    scheduler = property(lambda self: self._adapter.scheduler)
+
+    @property
+    def scheduler(self) -> Any:
+        """The LR scheduler the session checkpoints. One built after ``setup()`` (from
+        ``len(loader)``, say) is given to it by assigning it here: it is then saved, and a
+        resumed run's scheduler state is loaded into it."""
+        return self._adapter.scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: Any) -> None:
+        self._adapter.take_scheduler(scheduler)
+
     device = property(lambda self: self._adapter.device)
     rank = property(lambda self: self.topology.rank)
     size = property(lambda self: self.topology.size)
@@ -222,7 +289,7 @@ class Session:
         (BatchNorm's running statistics) follow each rank's data and are not compared."""
         if not sync.enabled():
             return
-        named = list(self.model.named_parameters())
+        named = [*self.model.named_parameters(), *self._adapter.named_outside()]
         local = torch.stack([_fingerprint(p.detach()) for _, p in named]).cpu().numpy()
         ok, gathered = self._collective(
             lambda: hvd.allgather(torch.from_numpy(local)[None], name="hvdkit.sync").numpy()
@@ -285,7 +352,9 @@ class Session:
             drop_last=drop_last,
             **options,
         )
-        return _EpochLoader(loader, sampler, self)
+        epoch_loader = _EpochLoader(loader, sampler, self)
+        self._loaders.add(epoch_loader)
+        return epoch_loader
 
     def backward_and_step(
         self, loss: torch.Tensor, *, scaler: torch.amp.GradScaler | None = None, **kwargs: Any
@@ -299,7 +368,10 @@ class Session:
         resuming, given back its state the first time it is passed here."""
         if scaler is not None:
             self._adapter.take_scaler(scaler)
-        options = {"parameters": list(self.model.parameters()), "scaler": scaler, **kwargs}
+        # Clipping (``clip_grad_norm``) covers every parameter of the optimizer, those outside
+        # the model too (a learnable loss weight), unless ``parameters`` says otherwise.
+        options = {"parameters": None, "scaler": scaler, **kwargs}
+        loader = self._stepping()
         passes = self._adapter.config.backward_passes_per_step
         accumulate = self.position.micro_step + 1 < passes
         ok, result = self._collective(
@@ -308,7 +380,8 @@ class Session:
         if not ok:
             return None  # a worker was lost: this batch is dropped, the loader goes back
         stepped, norm = result
-        self.position.samples += self._batch_samples
+        if loader is not None:
+            self.position.samples += loader.batch_samples
         if not stepped:
             self.position.micro_step += 1
             self._pending_step = options
@@ -368,8 +441,10 @@ class Session:
             )
         if preempt.EXTRA not in extra:
             self._extra = dict(extra)
-        # After a full pass of a plain loop the position is at the next epoch already.
-        ended = end_of_epoch and (self._in_epochs or self.position.samples > 0)
+        # After a full pass of a plain loop the position is at the next epoch already; inside
+        # the training loader's pass the epoch is not over, whatever end_of_epoch says.
+        mid_pass = self._owner is not None and self._owner.open and self.position.samples > 0
+        ended = end_of_epoch and not mid_pass and (self._in_epochs or self.position.samples > 0)
         _, path = self._collective(
             lambda: self._adapter.save_checkpoint(extra, next_epoch=self.epoch + int(ended)),
             again=True,

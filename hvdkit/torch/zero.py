@@ -122,11 +122,15 @@ class _Group:
     rank's shard is a view of its slice of the parameters, which the inner optimizer updates
     in place."""
 
-    def __init__(self, params: list[torch.Tensor], size: int, rank: int) -> None:
+    def __init__(
+        self, params: list[torch.Tensor], size: int, rank: int, like: torch.Tensor
+    ) -> None:
         self.params = params
         self.layout = Layout(tuple(p.numel() for p in params), size)
         self.rank = rank
-        first = params[0]
+        # An empty group (a decay/no-decay split with nothing on one side, or all frozen)
+        # keeps one padding slice per rank, so every group steps and gathers alike.
+        first = params[0] if params else like
         self.flat_param = torch.zeros(self.layout.total, dtype=first.dtype, device=first.device)
         self.flat_grad = torch.zeros_like(self.flat_param)
         self._adopt_params()
@@ -368,6 +372,7 @@ class _Sharded:
     _hvdkit_loaded: dict[str, Any] | None  # the state last loaded, until the next step
     _hvdkit_groups: list[_Group]
     _hvdkit_world: tuple[int, int]
+    _hvdkit_signature: tuple[tuple[int, ...], ...]
     _hvdkit_compression: Any
     _hvdkit_op: Any
     _synchronized: bool
@@ -376,24 +381,51 @@ class _Sharded:
 
     sharded = True
 
+    def _hvdkit_trainable(self) -> tuple[tuple[int, ...], ...]:
+        """Which parameters the flat buffers hold: each group's trainable ones. Frozen
+        parameters (``requires_grad=False``) stay out, as in a plain optimizer they get no
+        gradient, no state and no weight decay."""
+        return tuple(
+            tuple(id(p) for p in g["params"] if p.requires_grad) for g in self.param_groups
+        )
+
     def _hvdkit_partition(self) -> None:
-        """(Re)build the layout and the inner optimizer for the current world, when it
-        changed (the first step, an elastic reset); the inner state is then the slice of the
-        state a gather gives, so nothing is lost."""
+        """(Re)build the layout and the inner optimizer when the world changed (the first
+        step, an elastic reset) or the trainable parameters did (``add_param_group``, a layer
+        unfrozen); the inner state is then the slice of the state a gather gives, so nothing
+        is lost."""
         world = (hvd.size(), hvd.rank())
-        if self._hvdkit_inner is not None and world == self._hvdkit_world:
+        trainable = self._hvdkit_trainable()
+        if self._hvdkit_inner is not None and (world, trainable) == (
+            self._hvdkit_world,
+            self._hvdkit_signature,
+        ):
             return
+        carried = None
         if self._hvdkit_inner is not None and self._hvdkit_inner.state:
-            # The slices were cut for another world: only the whole state re-cuts them.
-            raise RuntimeError(
-                f"hvdkit: the world changed from {self._hvdkit_world} to {world} (size, rank) "
-                "with a sharded optimizer state that was not reloaded: load_state_dict() the "
-                "whole state (hvdkit.torch.setup(..., elastic=True) does it at each reset)"
-            )
+            if world != self._hvdkit_world:
+                # The slices were cut for another world: only the whole state re-cuts them.
+                raise RuntimeError(
+                    f"hvdkit: the world changed from {self._hvdkit_world} to {world} (size, "
+                    "rank) with a sharded optimizer state that was not reloaded: "
+                    "load_state_dict() the whole state (hvdkit.torch.setup(..., elastic=True) "
+                    "does it at each reset)"
+                )
+            carried = self._hvdkit_full_state()  # collective: every rank changed its groups
+        elif self._hvdkit_inner is None and self.state:
+            # State the constructor made (Adagrad's initial sums): sliced like any other.
+            carried, self.state = dict(self.state), collections.defaultdict(dict)
         for old in self._hvdkit_groups:
             old.unwatch()
-        self._hvdkit_world = world
-        self._hvdkit_groups = [_Group(list(g["params"]), *world) for g in self.param_groups]
+            for handle in old.pending.values():  # buckets sent before the change was seen
+                hvd.synchronize(handle)
+        self._hvdkit_world, self._hvdkit_signature = world, trainable
+        every = [p for g in self.param_groups for p in g["params"]]
+        like = every[0] if every else torch.zeros(())
+        self._hvdkit_groups = [
+            _Group([p for p in g["params"] if p.requires_grad], *world, like=like)
+            for g in self.param_groups
+        ]
         if world[0] > 1:
             compression = self._hvdkit_compression
             for i, group in enumerate(self._hvdkit_groups):
@@ -412,6 +444,8 @@ class _Sharded:
         inner.__dict__.update(self._hvdkit_template)
         inner.param_groups, inner.state = groups, collections.defaultdict(dict)
         self._hvdkit_inner = inner
+        if carried is not None:
+            self._hvdkit_take_state(carried)
 
     def synchronize(self) -> None:
         """Reduce-scatter the gradients: each rank gets the average of its slice."""
@@ -589,6 +623,30 @@ class _Plain:
 
 
 _CLASSES: dict[type, type] = {}
+_ELEMENTWISE: tuple[type, ...] = tuple(
+    getattr(torch.optim, name)
+    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
+                 "Adadelta", "ASGD", "Rprop")
+    if hasattr(torch.optim, name)
+)  # fmt: skip
+
+
+def _stepped(state: dict[str, Any]) -> bool:
+    """Whether a parameter's state comes from a step, not from the constructor (Adagrad
+    makes its sums, at step 0, when it is built)."""
+    step = state.get("step")
+    return bool(state) and (step is None or float(step) != 0)
+
+
+def declare_elementwise(cls: type) -> None:
+    """Let ``shard_optimizer=True`` take an optimizer class (and its subclasses) whose update
+    of each element reads only that element's parameter, gradient and state (and scalars),
+    as Adam's does: then an update of flat slices is the update of the whole. torch's
+    elementwise optimizers are known already; the others are refused, naming this."""
+    global _ELEMENTWISE
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise TypeError(f"declare_elementwise({cls!r}): expected a torch.optim.Optimizer class")
+    _ELEMENTWISE = (*_ELEMENTWISE, cls)
 
 
 def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedOptimizer
@@ -600,7 +658,17 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     across the ranks, ZeRO stage 1 (see the module's text). It is still an instance of the
     optimizer's class, with the same param-group dicts, so an LR scheduler built on it goes
     on working; ``synchronize()``/``skip_synchronize()`` are Horovod's."""
-    if any(optimizer.state.values()):
+    if not isinstance(optimizer, _ELEMENTWISE):
+        name = type(optimizer).__qualname__
+        raise ValueError(
+            f"shard_optimizer=True: {name} is not known to update each element on its own, "
+            "and ZeRO runs it on flat slices of the parameters: an update that reads a whole "
+            "tensor (Adafactor's factored moments, LAMB's or LARS's trust ratio per layer, "
+            "LBFGS) would silently compute something else. Fix: shard_optimizer=False; or, "
+            f"if {name}'s update is elementwise, hvdkit.torch.zero.declare_elementwise({name}) "
+            "before setup()"
+        )
+    if any(_stepped(state) for state in optimizer.state.values()):
         raise ValueError(
             "shard_optimizer=True: the optimizer has state already (it has stepped); "
             "give setup() a fresh optimizer and resume its state from a checkpoint"
@@ -627,6 +695,7 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     sharded._hvdkit_loaded = None
     sharded._hvdkit_groups = []
     sharded._hvdkit_world = (0, 0)
+    sharded._hvdkit_signature = ()
     sharded._hvdkit_compression = compression
     sharded._hvdkit_op = op
     sharded._synchronized = False

@@ -1,0 +1,337 @@
+"""Generated scenarios for hvdkit.torch's session (issue 49): a grammar of what users vary, the
+one-process oracle, and the sample ledger's checks. Pure: no Horovod, no hvdkit.
+
+A :class:`Case` is one training script's choices: the optimizer, its param groups (an empty
+one, per-group LR and weight decay), frozen and tied parameters, a parameter outside the model,
+how gradients are zeroed, accumulation, clipping, warmup, a scheduler built from
+``len(loader)``, ZeRO, the loader's batch size, ``drop_last`` and shuffle, a validation loader
+iterated inside or after the epoch, ``session.epochs()`` or a ``range()`` loop, and a save with
+the defaults in the middle of an epoch followed by a resume. :func:`cases` draws them with
+Hypothesis (seeded); tests/workers/torch_scenario_worker.py runs a list of them in one job;
+:func:`oracle` computes what one plain process trains on the same global batches, from the
+case alone; :func:`check` compares the two and the ledger of samples each rank trained.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own spelling
+
+FEATURES, CLASSES, VALIDATION = 6, 3, 23
+LR = {"sgd": 0.05, "sgd_momentum": 0.05, "sgd_nesterov": 0.05, "adam": 0.01, "adamw": 0.01,
+      "rmsprop": 0.005, "adagrad": 0.05}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    optimizer: str = "sgd"
+    groups: str = "one"  # "one", "decay_split", "empty_group", "per_layer"
+    frozen: bool = False  # the first layer's weight frozen, still in the optimizer
+    tied: bool = False  # one layer applied twice
+    outside: bool = False  # a learnable logit scale outside the model, in the optimizer
+    zero_grad: str = "optimizer"  # "optimizer", "optimizer_keep" (set_to_none=False), "model"
+    accumulate: int = 1
+    clip: float | None = None
+    warmup: int = 0
+    scheduler: str = "none"  # "none", "onecycle" (total_steps from len(loader)), "steplr"
+    shard: bool = False
+    samples: int = 41
+    batch: int = 4
+    drop_last: bool = False
+    shuffle: bool = True
+    validation: str = "none"  # "none", "inside" (every 2 batches), "after" (each epoch)
+    loop: str = "epochs"  # "epochs": session.epochs(n); "range": for epoch in range(...)
+    resume_at: int = 0  # >0: save() with defaults after this many batches, then resume
+    epochs: int = 2
+
+    def reproducer(self, seed: int | None = None) -> str:
+        """One line that runs this case again (tests/test_torch_scenarios.py)."""
+        where = f"seed {seed}: " if seed is not None else ""
+        spec = json.dumps(asdict(self))
+        return f"{where}HVDKIT_SCENARIO='{spec}' pytest tests/test_torch_scenarios.py -k one_case"
+
+
+def cases(seed: int, count: int) -> list[Case]:
+    """``count`` cases drawn by Hypothesis from the grammar, reproducibly from ``seed``."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    drawn: list[Case] = []
+    strategy = st.builds(
+        Case,
+        optimizer=st.sampled_from(sorted(LR)),
+        groups=st.sampled_from(["one", "decay_split", "empty_group", "per_layer"]),
+        frozen=st.booleans(),
+        tied=st.booleans(),
+        outside=st.booleans(),
+        zero_grad=st.sampled_from(["optimizer", "optimizer_keep", "model"]),
+        accumulate=st.integers(1, 3),
+        clip=st.sampled_from([None, 0.5]),
+        warmup=st.sampled_from([0, 3]),
+        scheduler=st.sampled_from(["none", "onecycle", "steplr"]),
+        shard=st.booleans(),
+        samples=st.integers(17, 45),
+        batch=st.integers(2, 6),
+        drop_last=st.booleans(),
+        shuffle=st.booleans(),
+        validation=st.sampled_from(["none", "inside", "after"]),
+        loop=st.sampled_from(["epochs", "range"]),
+        resume_at=st.sampled_from([0, 0, 1, 3]),
+        epochs=st.just(2),
+    )
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count * 3, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(strategy)
+    def collect(case: Case) -> None:
+        if len(drawn) < count and case not in drawn and batches_per_epoch(case, 2) > 0:
+            drawn.append(case)
+
+    collect()
+    return drawn
+
+
+# --- what the worker and the oracle build alike -------------------------------------------
+
+
+def dataset(samples: int, seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, FEATURES, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return x, y
+
+
+class Model(torch.nn.Module):
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(FEATURES, FEATURES)
+        self.second = torch.nn.Linear(FEATURES, CLASSES)
+        self.tied = tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x))
+        if self.tied:
+            h = torch.tanh(self.first(h))  # the same weights twice
+        return self.second(h)
+
+
+def build(case: Case) -> tuple[Model, torch.Tensor | None, torch.optim.Optimizer]:
+    """The model, the parameter outside it (or None) and the optimizer, as the user's script
+    makes them (frozen weights still handed to the optimizer, as ``model.parameters()``)."""
+    model = Model(case.tied)
+    if case.frozen:
+        model.first.weight.requires_grad_(False)
+    scale = torch.nn.Parameter(torch.tensor(1.5)) if case.outside else None
+    weights = [model.first.weight, model.second.weight]
+    biases = [model.first.bias, model.second.bias]
+    extra = [scale] if scale is not None else []
+    lr = LR[case.optimizer]
+    if case.groups == "one":
+        groups: list[dict[str, Any]] = [{"params": [*model.parameters(), *extra]}]
+    elif case.groups == "decay_split":
+        groups = [{"params": weights, "weight_decay": 0.05},
+                  {"params": [*biases, *extra], "weight_decay": 0.0}]  # fmt: skip
+    elif case.groups == "empty_group":  # a decay/no-decay split with nothing on one side
+        groups = [{"params": [*weights, *biases, *extra], "weight_decay": 0.01},
+                  {"params": [], "weight_decay": 0.0}]  # fmt: skip
+    else:
+        groups = [{"params": list(model.first.parameters())},
+                  {"params": list(model.second.parameters()), "lr": lr * 0.5}]  # fmt: skip
+        if extra:
+            groups.append({"params": extra, "lr": lr * 2})
+    return model, scale, make_optimizer(case.optimizer, groups, lr)
+
+
+def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr)
+    if name == "sgd_momentum":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9)
+    if name == "sgd_nesterov":
+        return torch.optim.SGD(groups, lr=lr, momentum=0.9, nesterov=True)
+    if name == "adam":
+        return torch.optim.Adam(groups, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=0.1)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(groups, lr=lr)
+    return torch.optim.Adagrad(groups, lr=lr)
+
+
+def make_scheduler(case: Case, optimizer: torch.optim.Optimizer, batches: int) -> Any:
+    """The scheduler as a script builds it, from ``len(loader)`` (``batches``)."""
+    if case.scheduler == "onecycle":
+        lr = LR[case.optimizer]
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=[g["lr"] * 2 for g in optimizer.param_groups] or lr,
+            total_steps=case.epochs * batches,
+            cycle_momentum=case.optimizer in ("sgd_momentum", "sgd_nesterov", "adam", "adamw"),
+        )  # fmt: skip
+    if case.scheduler == "steplr":
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    return None
+
+
+def loss_of(model: Model, scale: torch.Tensor | None, x: torch.Tensor, y: torch.Tensor):
+    logits = model(x)
+    return F.cross_entropy(logits * scale if scale is not None else logits, y)
+
+
+def weights_of(model: Model, scale: torch.Tensor | None) -> list[float]:
+    tensors = [p.detach().reshape(-1) for p in model.parameters()]
+    if scale is not None:
+        tensors.append(scale.detach().reshape(-1))
+    return [float(f"{w:.9g}") for w in torch.cat(tensors).tolist()]
+
+
+# --- the oracle -----------------------------------------------------------------------------
+
+
+def rank_rows(samples: int, epoch: int, size: int, case: Case) -> list[list[int]]:
+    """Each rank's rows of a whole epoch: ``DistributedSampler``'s order and split."""
+    if case.shuffle:
+        order = torch.randperm(samples, generator=torch.Generator().manual_seed(epoch)).tolist()
+    else:
+        order = list(range(samples))
+    if case.drop_last:
+        order = order[: len(order) - len(order) % size]
+    elif len(order) % size:
+        order += order[: size - len(order) % size]
+    return [order[r::size] for r in range(size)]
+
+
+def rank_batches(samples: int, epoch: int, size: int, case: Case) -> list[list[list[int]]]:
+    """Each rank's batches of an epoch, ``[rank][batch] -> rows``."""
+    out = []
+    for rows in rank_rows(samples, epoch, size, case):
+        cut = len(rows) - len(rows) % case.batch if case.drop_last else len(rows)
+        out.append([rows[k : k + case.batch] for k in range(0, cut, case.batch)])
+    return out
+
+
+def batches_per_epoch(case: Case, size: int) -> int:
+    return len(rank_batches(case.samples, 0, size, case)[0])
+
+
+def oracle(case: Case, size: int) -> dict[str, Any]:
+    """One plain process: each step's gradient is the mean over ranks of each rank's gradient
+    (its mean loss), summed over the step's passes; the LR in force is the schedule's times
+    the warmup multiplier towards ``size``; the epoch's leftover passes step on their own."""
+    x, y = dataset(case.samples)
+    model, scale, opt = build(case)
+    batches = batches_per_epoch(case, size)
+    scheduler = make_scheduler(case, opt, batches)
+    params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+    step = passes = 0
+    summed = [torch.zeros_like(p) for p in params]
+    trained: dict[int, list[int]] = {}
+
+    def optimizer_step() -> None:
+        nonlocal step, passes
+        for p, g in zip(params, summed, strict=True):
+            p.grad = g.clone()
+        if case.clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, case.clip)
+        factor = 1 + (size - 1) * min(1.0, step / case.warmup) if case.warmup else size
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] *= factor
+        opt.step()
+        for g, lr in zip(opt.param_groups, saved, strict=True):
+            g["lr"] = lr
+        for g in summed:
+            g.zero_()
+        step, passes = step + 1, 0
+
+    for epoch in range(case.epochs):
+        per_rank = rank_batches(case.samples, epoch, size, case)
+        trained[epoch] = []
+        for k in range(batches):
+            for r in range(size):
+                rows = per_rank[r][k]
+                trained[epoch] += rows
+                for p in params:
+                    p.grad = None
+                loss_of(model, scale, x[rows], y[rows]).backward()
+                for acc, p in zip(summed, params, strict=True):
+                    if p.grad is not None:
+                        acc += p.grad / size
+            passes += 1
+            if passes == case.accumulate:
+                optimizer_step()
+            if case.scheduler == "onecycle":
+                scheduler.step()
+        if passes:
+            optimizer_step()
+        if case.scheduler == "steplr":
+            scheduler.step()
+    return {"weights": weights_of(model, scale), "steps": step, "trained": trained}
+
+
+# --- the checks -----------------------------------------------------------------------------
+
+
+def coverage_problems(case: Case, size: int, epoch_rows: list[int]) -> list[str]:
+    """What is wrong with one epoch's trained rows over all ranks: every sample once, plus
+    the sampler's padding (at most ``size - 1`` repeats), or, with ``drop_last``, each at
+    most once and fewer than ``size * batch`` left out."""
+    counts = Counter(epoch_rows)
+    missing = sorted(set(range(case.samples)) - set(counts))
+    repeats = sum(c - 1 for c in counts.values())
+    problems = []
+    if case.drop_last:
+        if repeats:
+            problems.append(f"{repeats} repeats with drop_last")
+        if len(missing) >= size * case.batch:
+            problems.append(f"{len(missing)} samples never trained")
+    else:
+        if missing:
+            problems.append(f"samples never trained: {missing}")
+        if repeats >= size:
+            problems.append(f"{repeats} repeats, padding is at most {size - 1}")
+    return problems
+
+
+def check(case: Case, size: int, ranks: dict[int, dict[str, Any]]) -> list[str]:
+    """Everything wrong with one case's result: an error on a rank, ranks that differ, the
+    ledger (each epoch's samples, each validation pass's), the steps and weights against
+    :func:`oracle` (to tests/workers/tolerance.py's path tolerance)."""
+    from workers.tolerance import max_difference, paths_close
+
+    errors = [f"rank {r}: {v['error']}" for r, v in sorted(ranks.items()) if v.get("error")]
+    if errors:
+        return errors
+    if sorted(ranks) != list(range(size)):
+        return [f"results from ranks {sorted(ranks)}"]
+    problems = []
+    if len({json.dumps(v["weights"]) for v in ranks.values()}) != 1:
+        problems.append("the ranks' weights differ")
+    lens = {n for v in ranks.values() for n in v["lens"]}
+    if lens != {batches_per_epoch(case, size)}:
+        problems.append(f"len(loader) {sorted(lens)}, expected {batches_per_epoch(case, size)}")
+    expected = oracle(case, size)
+    for epoch in range(case.epochs):
+        rows = [i for v in ranks.values() for i in v["trained"].get(str(epoch), [])]
+        problems += [f"epoch {epoch}: {p}" for p in coverage_problems(case, size, rows)]
+        if Counter(rows) != Counter(expected["trained"][epoch]):
+            problems.append(f"epoch {epoch}: trained other samples than the oracle")
+    for number, passes in enumerate(zip(*(v["validated"] for v in ranks.values()), strict=True)):
+        rows = [i for rank_rows_ in passes for i in rank_rows_]
+        full = Case(**{**asdict(case), "drop_last": False, "samples": VALIDATION})
+        problems += [f"validation pass {number}: {p}" for p in coverage_problems(full, size, rows)]
+    if not all(v["frozen_without_grad"] for v in ranks.values()):
+        problems.append("a frozen parameter has a gradient")
+    if ranks[0]["steps"] != expected["steps"]:
+        problems.append(f"{ranks[0]['steps']} optimizer steps, the oracle {expected['steps']}")
+    elif not paths_close(ranks[0]["weights"], expected["weights"], steps=expected["steps"]):
+        difference = max_difference(ranks[0]["weights"], expected["weights"])
+        problems.append(f"weights differ from the oracle's by {difference:.3g}")
+    return problems

@@ -1,0 +1,145 @@
+"""Runs tests/torch_scenarios.py's cases, one after the other, in one multi-rank job: each case
+a user's training script with hvdkit.torch's session (setup, shard, the loop, backward_and_step,
+a validation loader, a save with the defaults and a resume), each rank keeping a ledger of the
+sample ids it trained per epoch and validated per pass.
+
+Usage: ``hvdkit run -np 2 -- python torch_scenario_worker.py CASES.json WORKDIR``. Each rank
+prints one ``CASE {...}`` line a case. A case that raises prints its error and ends the job
+(the other ranks would wait in a collective for it): the cases after it are not run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+import hvdkit.torch as hvd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the grammar
+from torch_scenarios import VALIDATION, Case, build, dataset, loss_of, make_scheduler, weights_of
+
+
+class Indexed(Dataset):
+    def __init__(self, samples: int, seed: int = 5) -> None:
+        self.x, self.y = dataset(samples, seed)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i], i
+
+
+class Script:
+    """One case as a user's script runs it, up to a save (then "preempted") or the end."""
+
+    def __init__(self, case: Case, checkpoint: Path | None) -> None:
+        self.case = case
+        self.model, self.scale, optimizer = build(case)
+        self.session = hvd.setup(
+            self.model, optimizer, checkpoint=checkpoint, warmup_steps=case.warmup,
+            backward_passes_per_step=case.accumulate, shard_optimizer=case.shard,
+        )  # fmt: skip
+        self.loader = self.session.shard(
+            Indexed(case.samples), batch_size=case.batch, drop_last=case.drop_last,
+            shuffle=case.shuffle,
+        )  # fmt: skip
+        self.validation = self.session.shard(Indexed(VALIDATION, seed=7), batch_size=case.batch)
+        self.length = len(self.loader)  # before the first pass: what a scheduler is built from
+
+    def validate(self, ledger: dict[str, Any]) -> None:
+        rows: list[int] = []
+        with torch.no_grad():
+            for x, y, index in self.validation:
+                loss_of(self.session.model, self.scale, x, y)
+                rows += index.tolist()
+        ledger["validated"].append(rows)
+
+
+def run_case(case: Case, workdir: Path) -> dict[str, Any]:
+    ledger: dict[str, Any] = {"trained": {}, "validated": [], "lens": []}
+    checkpoint = workdir / "ckpt.pt" if case.resume_at else None
+    if checkpoint is not None and checkpoint.exists() and hvd.rank() == 0:
+        checkpoint.unlink()
+    # Every rank looks for the file after rank 0 removed it.
+    hvd.allreduce(torch.zeros(1), name="scenario.fresh")
+    save_after = case.resume_at
+    while True:
+        script = Script(case, checkpoint)
+        session = script.session
+        scheduler = make_scheduler(case, session.optimizer, script.length)
+        if scheduler is not None:  # built after setup, from len(loader): given to the session
+            session.scheduler = scheduler
+        ledger["lens"].append(script.length)
+        saved = run_epochs(script, scheduler, ledger, save_after)
+        if not saved:
+            break
+        save_after = 0  # resumed: to the end
+    frozen = [p.grad is None for p in script.model.parameters() if not p.requires_grad]
+    ledger.update(steps=session.step_count, weights=weights_of(script.model, script.scale),
+                  frozen_without_grad=all(frozen))  # fmt: skip
+    return ledger
+
+
+def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_after: int) -> bool:
+    """The script's loop; True when it saved (with the defaults) and stopped mid-epoch."""
+    case, session = script.case, script.session
+    epochs = (
+        session.epochs(case.epochs) if case.loop == "epochs" else range(session.epoch, case.epochs)
+    )
+    for epoch in epochs:
+        for k, (x, y, index) in enumerate(script.loader):
+            ledger["trained"].setdefault(str(session.epoch), []).extend(index.tolist())
+            if case.zero_grad == "model":
+                session.model.zero_grad()
+                if script.scale is not None and not session.position.micro_step:
+                    script.scale.grad = None  # the script's own parameter, zeroed by the script
+            else:
+                session.optimizer.zero_grad(set_to_none=case.zero_grad == "optimizer")
+            loss = loss_of(session.model, script.scale, x, y)
+            options = {"clip_grad_norm": case.clip} if case.clip is not None else {}
+            session.backward_and_step(loss, **options)
+            if case.scheduler == "onecycle":
+                scheduler.step()
+            if case.validation == "inside" and k % 2 == 1:
+                script.validate(ledger)
+            if (
+                save_after
+                and epoch == 1
+                and k + 1 >= save_after
+                and not session.position.micro_step
+            ):
+                session.save()  # the defaults, inside the epoch
+                return True
+        if case.scheduler == "steplr":
+            scheduler.step()
+        if case.validation == "after":
+            script.validate(ledger)
+    return False
+
+
+def main() -> None:
+    cases = [Case(**c) for c in json.loads(Path(sys.argv[1]).read_text())]
+    workdir = Path(sys.argv[2])
+    hvd.init()
+    for number, case in enumerate(cases):
+        try:
+            result = run_case(case, workdir)
+        except Exception:  # noqa: BLE001 - reported per case, then the job ends
+            result = {"error": traceback.format_exc()[-1200:]}
+        result.update(case=number, rank=hvd.rank())
+        print("CASE " + json.dumps(result), flush=True)
+        if "error" in result:
+            sys.stdout.flush()
+            os._exit(3)
+
+
+if __name__ == "__main__":
+    main()
