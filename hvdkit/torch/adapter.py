@@ -84,6 +84,7 @@ class TorchAdapter(Adapter):
         self.scaler: Any = None  # the AMP GradScaler the session steps with, once it has one
         self.scaler_state: dict[str, Any] | None = None  # a resumed one's, until it is given
         self.scheduler_state: dict[str, Any] | None = None  # likewise, for a later scheduler
+        self.resumed_groups: list[dict[str, Any]] = []  # and the groups' LRs it set
         self.legacy_batches = 0  # a checkpoint from before positions: batches of its epoch
         self.resumed_optimizer: dict[str, Any] | None = None  # the root's, for sharded ranks
 
@@ -254,8 +255,13 @@ class TorchAdapter(Adapter):
         # The root rank loaded it with the weights, where a mismatch is reported to every rank.
         if self.scheduler is not None and info["scheduler"] is not None and not self.is_root:
             self.scheduler.load_state_dict(info["scheduler"])
-        if self.scheduler is None:  # one the script builds after setup: see take_scheduler
+        if self.scheduler is None and info["scheduler"] is not None:
+            # For one the script builds after setup (take_scheduler); building it sets the
+            # groups' LR and momentum to its start, so the resumed ones are kept too.
             self.scheduler_state = info["scheduler"]
+            self.resumed_groups = copy.deepcopy(
+                [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            )
         if info["world_size"] == hvd.size():
             set_rng_state(info["rng"][hvd.rank()])
         extra: dict[str, Any] | None = info["extra"]
@@ -348,7 +354,9 @@ class TorchAdapter(Adapter):
         self.scheduler = scheduler
         if scheduler is not None and self.scheduler_state is not None:
             scheduler.load_state_dict(self.scheduler_state)
-            self.scheduler_state = None
+            for group, saved in zip(self.optimizer.param_groups, self.resumed_groups, strict=True):
+                group.update(saved)
+            self.scheduler_state, self.resumed_groups = None, []
 
     def take_scaler(self, scaler: Any) -> None:
         """The AMP ``GradScaler`` the session steps with: saved in its checkpoints, and given

@@ -85,13 +85,13 @@ class _EpochLoader:
         self.loader, self.sampler, self.session = loader, sampler, session
         self.open = False  # inside a pass
         self.batch_samples = 0  # samples one batch is, over all ranks
-        self.stepped = False  # a batch of this pass reached backward_and_step
+        self.yielded = False  # this pass gave a batch
 
     def __iter__(self) -> Iterator[Any]:
         session, elastic = self.session, self.session._elastic
         position = session.position
         drives = session._drives(self)
-        self.open, self.stepped = True, False
+        self.open = True
         try:
             while True:
                 generation = elastic.generation if elastic is not None else 0
@@ -109,12 +109,17 @@ class _EpochLoader:
                 batches = iter(self.loader)
                 if state is not None:
                     torch.random.set_rng_state(state)
+                self.yielded = False
                 for batch in batches:
-                    session._current = self
+                    session._current, self.yielded = self, True
                     yield batch
                     if elastic is not None and elastic.generation != generation:
                         break  # recovered: go on from the restored position, re-split
                 else:
+                    if session._owner is None and drives and done > 0 and not self.yielded:
+                        # A resumed epoch saved after its last batch: the rest is empty, and
+                        # this loader is the one that trained it.
+                        session._owner = self
                     if session._owner is not self:
                         return  # not the training loader: nothing of the position's to end
                     session._flush()
@@ -215,8 +220,6 @@ class Session:
         if current is not None and current is not self._owner and current.open:
             if self._owner is None or not self._owner.open:
                 self._owner = current
-        if current is not None and current is self._owner:
-            current.stepped = True
         return self._owner if current is self._owner else None
 
     def _end_pass(self) -> None:
