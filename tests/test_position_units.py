@@ -15,7 +15,7 @@ import seams
 
 from hvdkit.checkpoint import atomic_write, plain_extra
 from hvdkit.core import SetupConfig
-from hvdkit.position import Position, epoch_order, remaining
+from hvdkit.position import Position, epoch_order, remaining, shard_length
 
 
 def test_position_round_trips_and_reads_older_states():
@@ -124,3 +124,20 @@ def test_the_oracle_counts_every_sample_once_and_changes_size_where_told():
     assert Counter(result["trained"][0]) == Counter(range(96))
     assert result["steps"] == 2 + (96 - 2 * 16) // 8
     assert result["lr_in_force"] == pytest.approx(0.05)  # size 1 now: the LR unscaled
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("length", "size"), [(41, 2), (40, 2), (7, 3), (2, 4)])
+def test_shard_length_is_what_a_pass_from_the_start_gives_each_rank(length, size, drop_last):
+    order = epoch_order(length, 0, 0, True)
+    expected = {len(remaining(order, 0, size, r, drop_last)) for r in range(size)}
+    assert expected == {shard_length(length, size, drop_last)}
+
+
+def test_a_resume_at_the_same_size_pads_as_the_run_it_resumes():
+    """Issue 49: the padding of a resumed epoch repeats the epoch's first samples, as the
+    uninterrupted run's did, so both train the same last batch."""
+    order = epoch_order(41, 1, 0, True)
+    whole = [remaining(order, 0, 2, r, False) for r in range(2)]
+    resumed = [remaining(order, 16, 2, r, False) for r in range(2)]
+    assert [rows[8:] for rows in whole] == resumed

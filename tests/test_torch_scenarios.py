@@ -44,6 +44,14 @@ REGRESSIONS = {
     # 6: save() inside the epoch with the defaults recorded the next epoch
     "save_inside_the_epoch": Case(resume_at=2, loop="range"),
     "save_inside_the_epoch_scheduler_after_setup": Case(resume_at=2, scheduler="steplr"),
+    # a layer unfrozen in the second epoch: Horovod never reduced it (ranks drifted apart)
+    "unfreeze_plain": Case(frozen=True, unfreeze=True, optimizer="adam"),
+    "unfreeze_under_zero": Case(frozen=True, unfreeze=True, optimizer="adam", shard=True),
+    # add_param_group after setup: never reduced (plain), a zip() error (ZeRO)
+    "late_group_plain": Case(outside=True, late_group=True, optimizer="sgd_momentum"),
+    "late_group_under_zero": Case(outside=True, late_group=True, optimizer="adamw", shard=True),
+    # Adagrad's constructor makes state: ZeRO took it for a stepped optimizer
+    "adagrad_under_zero": Case(optimizer="adagrad", shard=True, resume_at=2),
     # accumulation with model.zero_grad() in the loop dropped the first passes
     "accumulate_model_zero_grad": Case(accumulate=2, zero_grad="model", shard=True),
 }

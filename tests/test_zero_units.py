@@ -4,7 +4,9 @@ slice, a single large tensor split across ranks."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from hvdkit.torch import zero
 from hvdkit.torch.zero import Layout
 
 
@@ -62,3 +64,79 @@ def test_the_cost_model_of_zero_stage_1():
     assert costmodel.largest_model(gib80, "fp32", 64, True) / costmodel.largest_model(
         gib80, "fp32", 64, False
     ) == pytest.approx(16 / 8.125)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.LBFGS(ps),
+        lambda ps: torch.optim.Adafactor(ps),
+        lambda ps: torch.optim.SparseAdam(ps),
+    ],
+    ids=["LBFGS", "Adafactor", "SparseAdam"],
+)
+def test_an_optimizer_not_known_to_be_elementwise_is_refused_with_the_fix(make):
+    """Issue 49: an update that reads a whole tensor (Adafactor's factored moments, a trust
+    ratio per layer) would change its maths over flat slices without a word."""
+    optimizer = make([torch.nn.Parameter(torch.zeros(4, 3))])
+    with pytest.raises(ValueError, match=r"not known to update each element.*Fix: "
+                       r"shard_optimizer=False.*declare_elementwise"):  # fmt: skip
+        zero.ShardedOptimizer(optimizer)
+
+
+def test_a_declared_elementwise_class_and_its_subclasses_are_taken(monkeypatch):
+    class Mine(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.1})
+
+    class Yours(Mine):
+        pass
+
+    monkeypatch.setattr(zero, "_ELEMENTWISE", zero._ELEMENTWISE)
+    with pytest.raises(ValueError, match="Mine"):
+        zero.ShardedOptimizer(Mine([torch.nn.Parameter(torch.zeros(2))]))
+    zero.declare_elementwise(Mine)
+    assert isinstance(zero.ShardedOptimizer(Yours([torch.nn.Parameter(torch.zeros(2))])), Mine)
+    with pytest.raises(TypeError, match="expected a torch.optim.Optimizer class"):
+        zero.declare_elementwise(object)
+
+
+def test_state_a_constructor_makes_is_not_a_step():
+    """Adagrad builds its sums at step 0: sharding it is fine; a stepped optimizer is not."""
+    p = torch.nn.Parameter(torch.ones(3))
+    adagrad = torch.optim.Adagrad([p], lr=0.1, initial_accumulator_value=0.5)
+    assert not any(zero._stepped(s) for s in adagrad.state.values())
+    p.grad = torch.ones(3)
+    adagrad.step()
+    assert all(zero._stepped(s) for s in adagrad.state.values())
+    momentum = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    momentum.step()  # momentum_buffer, no step count: stepped
+    assert all(zero._stepped(s) for s in momentum.state.values())
+
+
+def test_parameters_whose_state_is_at_another_step_get_buffers_of_their_own():
+    """A layer unfrozen mid-training starts its step count at 0 (Adam's bias correction), as
+    in a plain optimizer: it goes into a flat buffer apart from the group's others."""
+    a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    state = {a: {"step": torch.tensor(7.0), "exp_avg": torch.zeros(2)},
+             c: {"step": torch.tensor(7.0), "exp_avg": torch.zeros(2)}}  # fmt: skip
+    assert zero._cohorts([a, b, c], state) == [[a, c], [b]]
+    assert zero._cohorts([a, b, c], None) == [[a, b, c]]
+    assert zero._cohorts([], state) == [[]]  # an empty group keeps its padding slice
+
+
+def test_a_capturable_or_fused_step_count_goes_to_the_parameters_device():
+    """Issue 49, item 7: torch's rule for ``step`` on load, for state read onto the CPU. The
+    meta device stands in for CUDA here (a lent GPU checks the real one)."""
+    from hvdkit.torch.functions import load_optimizer_state_
+
+    for flag, expected in (("capturable", "meta"), ("fused", "meta"), (None, "cpu")):
+        p = torch.nn.Parameter(torch.zeros(3, device="meta"))
+        optimizer = torch.optim.Adam([p], lr=0.1)
+        group = {**optimizer.state_dict()["param_groups"][0]}
+        group.update({"capturable": flag == "capturable", "fused": flag == "fused"})
+        saved = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(3),
+                               "exp_avg_sq": torch.ones(3)}}, "param_groups": [group]}  # fmt: skip
+        load_optimizer_state_(optimizer, saved)
+        step = optimizer.state[p]["step"]
+        assert (step.device.type, step.dtype) == (expected, torch.float32), flag

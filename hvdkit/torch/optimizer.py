@@ -93,6 +93,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     )
     if bf16:
         install_bf16(wrapped)
+    # Horovod builds its optimizer with the class's defaults (SGD's momentum 0), and
+    # add_param_group fills a new group from them: the user's are the ones to fill it with.
+    wrapped.defaults = dict(optimizer.defaults)
+    _follow_trainable(wrapped)
     wrapped.zero_grad = types.MethodType(_zero_grad, wrapped)
     if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
         tell_schedulers(optimizer, wrapped)
@@ -100,6 +104,32 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's public name
     if recorder is not None:
         _profile(wrapped, recorder)
     return wrapped
+
+
+def _follow_trainable(wrapped: Any) -> None:
+    """Horovod reduces the parameters that were trainable when it was built: one unfrozen
+    later (fine-tuning's second phase) or added by ``add_param_group`` would step on each
+    rank's own gradient, and the ranks drift apart without a word. Here each ``synchronize``
+    first takes in every parameter that is trainable now (reduced as Horovod reduces one its
+    hook missed), and an added group's parameters are named."""
+    synchronize, add_param_group = wrapped.synchronize, wrapped.add_param_group
+
+    def following_synchronize(*args: Any, **kwargs: Any) -> Any:
+        if getattr(wrapped, "_groups", None) is None:  # Horovod's grouped allreduces: as built
+            wrapped._requires_update.update(
+                p for g in wrapped.param_groups for p in g["params"] if p.requires_grad
+            )
+        return synchronize(*args, **kwargs)
+
+    def naming_add_param_group(group: dict[str, Any]) -> None:
+        add_param_group(group)
+        for p in wrapped.param_groups[-1]["params"]:
+            if p not in wrapped._parameter_names:
+                wrapped._parameter_names[p] = f"hvdkit.added.{len(wrapped._parameter_names)}"
+                wrapped._allreduce_delay[p] = wrapped.backward_passes_per_step
+
+    wrapped.synchronize = following_synchronize
+    wrapped.add_param_group = naming_add_param_group
 
 
 def _profile(wrapped: Any, recorder: profile_recorder.Recorder) -> None:

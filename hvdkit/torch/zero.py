@@ -371,6 +371,7 @@ class _Sharded:
     _hvdkit_template: dict[str, Any]
     _hvdkit_loaded: dict[str, Any] | None  # the state last loaded, until the next step
     _hvdkit_groups: list[_Group]
+    _hvdkit_owners: list[int]  # the param group each of them belongs to
     _hvdkit_world: tuple[int, int]
     _hvdkit_signature: tuple[tuple[int, ...], ...]
     _hvdkit_compression: Any
@@ -389,20 +390,21 @@ class _Sharded:
             tuple(id(p) for p in g["params"] if p.requires_grad) for g in self.param_groups
         )
 
-    def _hvdkit_partition(self) -> None:
+    def _hvdkit_partition(self, given: dict[torch.Tensor, dict[str, Any]] | None = None) -> None:
         """(Re)build the layout and the inner optimizer when the world changed (the first
         step, an elastic reset) or the trainable parameters did (``add_param_group``, a layer
-        unfrozen); the inner state is then the slice of the state a gather gives, so nothing
-        is lost."""
+        unfrozen), or with the state ``given`` (``load_state_dict``); the inner state is then
+        the slice of the state a gather gives, so nothing is lost."""
         world = (hvd.size(), hvd.rank())
         trainable = self._hvdkit_trainable()
-        if self._hvdkit_inner is not None and (world, trainable) == (
-            self._hvdkit_world,
-            self._hvdkit_signature,
+        if (
+            given is None
+            and self._hvdkit_inner is not None
+            and (world, trainable) == (self._hvdkit_world, self._hvdkit_signature)
         ):
             return
-        carried = None
-        if self._hvdkit_inner is not None and self._hvdkit_inner.state:
+        carried = given
+        if given is None and self._hvdkit_inner is not None and self._hvdkit_inner.state:
             if world != self._hvdkit_world:
                 # The slices were cut for another world: only the whole state re-cuts them.
                 raise RuntimeError(
@@ -412,7 +414,7 @@ class _Sharded:
                     "does it at each reset)"
                 )
             carried = self._hvdkit_full_state()  # collective: every rank changed its groups
-        elif self._hvdkit_inner is None and self.state:
+        elif given is None and self._hvdkit_inner is None and self.state:
             # State the constructor made (Adagrad's initial sums): sliced like any other.
             carried, self.state = dict(self.state), collections.defaultdict(dict)
         for old in self._hvdkit_groups:
@@ -422,10 +424,11 @@ class _Sharded:
         self._hvdkit_world, self._hvdkit_signature = world, trainable
         every = [p for g in self.param_groups for p in g["params"]]
         like = every[0] if every else torch.zeros(())
-        self._hvdkit_groups = [
-            _Group([p for p in g["params"] if p.requires_grad], *world, like=like)
-            for g in self.param_groups
-        ]
+        self._hvdkit_groups, self._hvdkit_owners = [], []
+        for index, g in enumerate(self.param_groups):
+            for cohort in _cohorts([p for p in g["params"] if p.requires_grad], carried):
+                self._hvdkit_groups.append(_Group(cohort, *world, like=like))
+                self._hvdkit_owners.append(index)
         if world[0] > 1:
             compression = self._hvdkit_compression
             for i, group in enumerate(self._hvdkit_groups):
@@ -435,9 +438,10 @@ class _Sharded:
                     f"hvdkit.zero.grad.{i}",
                 )
         groups = [
-            {**{k: v for k, v in g.items() if k != "params"}, "params": list(s.chunks)}
-            for g, s in zip(self.param_groups, self._hvdkit_groups, strict=True)
-        ]
+            {**{k: v for k, v in self.param_groups[i].items() if k != "params"},
+             "params": list(s.chunks)}
+            for i, s in zip(self._hvdkit_owners, self._hvdkit_groups, strict=True)
+        ]  # fmt: skip
         # The user's optimizer as it was given (its settings, hooks, flags), over the shards:
         # no constructor call, whose arguments a class need not keep.
         inner: Any = object.__new__(type(self)._hvdkit_base)
@@ -478,8 +482,8 @@ class _Sharded:
             self.synchronize()
         inner = self._hvdkit_inner
         assert inner is not None
-        for outer, mine in zip(self.param_groups, inner.param_groups, strict=True):
-            mine.update({k: v for k, v in outer.items() if k != "params"})
+        for owner, mine in zip(self._hvdkit_owners, inner.param_groups, strict=True):
+            mine.update({k: v for k, v in self.param_groups[owner].items() if k != "params"})
         inner.step()  # in place, into this rank's slice of the parameters
         self._hvdkit_loaded = None
         with torch.no_grad():
@@ -610,8 +614,7 @@ class _Sharded:
         self._hvdkit_loaded = state_dict
         self._synchronized = False  # a step cut short (an elastic reset) is not taken up
         self._hvdkit_inner = None  # rebuilt for the current world, then given the slice
-        self._hvdkit_partition()
-        self._hvdkit_take_state(dict(plain.state))
+        self._hvdkit_partition(dict(plain.state))
 
 
 class _Plain:
@@ -629,6 +632,22 @@ _ELEMENTWISE: tuple[type, ...] = tuple(
                  "Adadelta", "ASGD", "Rprop")
     if hasattr(torch.optim, name)
 )  # fmt: skip
+
+
+def _cohorts(
+    params: list[torch.Tensor], state: dict[torch.Tensor, dict[str, Any]] | None
+) -> list[list[torch.Tensor]]:
+    """A param group's trainable parameters split by how far their state is (its ``step``,
+    or none yet), each part its own flat buffer: the inner optimizer keeps one step count a
+    buffer, and a layer unfrozen mid-training starts its own at 0, as a plain optimizer's
+    does. Usually one part (never none: an empty group keeps its padding slice)."""
+    parts: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        entry = (state or {}).get(p) or {}
+        step = entry.get("step")
+        key = (bool(entry), None if step is None else float(step))
+        parts.setdefault(key, []).append(p)
+    return list(parts.values()) or [[]]
 
 
 def _stepped(state: dict[str, Any]) -> bool:
@@ -694,6 +713,7 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     sharded._hvdkit_inner = None
     sharded._hvdkit_loaded = None
     sharded._hvdkit_groups = []
+    sharded._hvdkit_owners = []
     sharded._hvdkit_world = (0, 0)
     sharded._hvdkit_signature = ()
     sharded._hvdkit_compression = compression

@@ -23,7 +23,9 @@ from torch.utils.data import Dataset
 import hvdkit.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the grammar
-from torch_scenarios import VALIDATION, Case, build, dataset, loss_of, make_scheduler, weights_of
+from torch_scenarios import (
+    VALIDATION, Case, build, dataset, late_group, loss_of, make_scheduler, unfreeze, weights_of,
+)  # fmt: skip
 
 
 class Indexed(Dataset):
@@ -47,6 +49,7 @@ class Script:
             self.model, optimizer, checkpoint=checkpoint, warmup_steps=case.warmup,
             backward_passes_per_step=case.accumulate, shard_optimizer=case.shard,
         )  # fmt: skip
+        late_group(case, self.session.optimizer, self.scale)
         self.loader = self.session.shard(
             Indexed(case.samples), batch_size=case.batch, drop_last=case.drop_last,
             shuffle=case.shuffle,
@@ -95,6 +98,7 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
         session.epochs(case.epochs) if case.loop == "epochs" else range(session.epoch, case.epochs)
     )
     for epoch in epochs:
+        unfreeze(case, script.model, epoch)
         for k, (x, y, index) in enumerate(script.loader):
             ledger["trained"].setdefault(str(session.epoch), []).extend(index.tolist())
             if case.zero_grad == "model":
