@@ -35,7 +35,7 @@ DOCS_STAMP := $(VENV)/.hvdkit-docs
 # Where `make docs-check` saves its screenshots.
 DOCS_CHECK_OUT ?= docs-check
 
-.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all matrix image-gpu gpu-check lint \
+.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all fuzz matrix image-gpu gpu-check lint \
 	sweep doctor clean
 
 setup: $(STAMP)
@@ -84,6 +84,15 @@ test-fast: setup
 test-all: setup engines docs-deps
 	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory matrix
+
+# A campaign of generated scenarios (issue 49): FUZZ_CASES cases of each generator, seeded by
+# FUZZ_SEED (default: the time; the seed is printed), each checked against one process and a
+# ledger of the samples each rank trained. A failure prints a one-line reproducer.
+FUZZ_CASES ?= 200
+FUZZ_SEED ?= $(shell date +%s)
+fuzz: setup engines
+	HVDKIT_SCENARIOS=$(FUZZ_CASES) HVDKIT_SCENARIO_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -s \
+	  tests/test_torch_scenarios.py -k generated $(PYTEST_ARGS)
 
 # The compatibility matrix (tests/matrix.py): fresh venvs per cell, as a user installs;
 # MATRIX_ARGS="--cells py312-tf221" picks cells, "--list" lists them.

@@ -24,7 +24,15 @@ import hvdkit.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the grammar
 from torch_scenarios import (
-    VALIDATION, Case, build, dataset, late_group, loss_of, make_scheduler, unfreeze, weights_of,
+    VALIDATION,
+    Case,
+    build,
+    dataset,
+    late_group,
+    loss_of,
+    make_scheduler,
+    unfreeze,
+    weights_of,
 )  # fmt: skip
 
 
