@@ -329,6 +329,11 @@ class Session:
         allreduce. For evaluation pass ``shuffle=False, pad=False``: each sample is seen exactly
         once, so metrics averaged with :meth:`average` are exact (ranks may then differ by one
         batch: reduce once at the end, not per batch).
+
+        The loader whose batches reach :meth:`backward_and_step` owns the session's position;
+        a second one (validation, with these defaults, inside or after the epoch) goes over
+        its whole epoch and leaves the position alone. ``len()`` is the batches of a whole
+        epoch at the current world size, from the start.
         """
         if not pad:
             if shuffle or drop_last:
@@ -430,7 +435,8 @@ class Session:
     def save(self, *, end_of_epoch: bool = True, **extra: Any) -> Path | None:
         """Checkpoint (collective: every rank calls it): rank 0 writes atomically; ``extra``
         comes back in ``session.resumed`` on resume. At the end of an epoch, resuming starts
-        at the next epoch; mid-epoch (``end_of_epoch=False``) it goes on in the same epoch
+        at the next epoch; mid-epoch (``end_of_epoch=False``, or any save while the training
+        loader's pass is open) it goes on in the same epoch
         from the next sample not yet trained (the session's :attr:`position`), at any world
         size. ``extra`` values are checked here, on every rank: numbers, strings, bytes,
         None, tensors, and lists, tuples and dicts of them; numpy scalars are saved as Python

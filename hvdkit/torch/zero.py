@@ -16,6 +16,12 @@ and ``p.grad`` a view, as DDP's ``gradient_as_bucket_view``), so flattening cost
 shard is a view of the parameters, and at one rank nothing is copied at all. ``zero_grad()``
 zeroes the gradients in place rather than setting them to None.
 
+Only trainable parameters are in the buffers: frozen ones (``requires_grad=False``) get no
+gradient, state or weight decay, as in a plain optimizer. A group's parameters whose state is
+at another step (a layer unfrozen mid-training) get a buffer of their own, and a change of the
+trainable set (unfreezing, ``add_param_group``) re-cuts the buffers at the next step. Only
+optimizers whose update is elementwise are taken (:func:`declare_elementwise`).
+
 Reduce-scatter and all-gather move together what one ring allreduce moves: 2 (N-1)/N of the
 gradient bytes. Whatever sets the weights in place (a broadcast, ``load_state_dict``) writes
 the flat buffer; a parameter whose ``data`` was replaced is copied back in at the next step.
