@@ -26,7 +26,6 @@ from torch_scenarios import Case, cases, check
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
-SIZE = 2
 
 REGRESSIONS = {
     # 1: frozen weights decayed under ZeRO, and got a gradient
@@ -52,32 +51,56 @@ REGRESSIONS = {
     "late_group_under_zero": Case(outside=True, late_group=True, optimizer="adamw", shard=True),
     # Adagrad's constructor makes state: ZeRO took it for a stepped optimizer
     "adagrad_under_zero": Case(optimizer="adagrad", shard=True, resume_at=2),
+    # a save inside the epoch with the defaults, resumed at another size, with a validation
+    # loader in the epoch and ZeRO (2 -> 1), and the other way (1 -> 2)
+    "save_inside_resumed_on_one": Case(resume_at=2, resume_size=1, validation="inside",
+                                       shard=True, optimizer="adam", batch=3),  # fmt: skip
+    "save_inside_resumed_on_two": Case(resume_at=2, size=1, resume_size=2, loop="range",
+                                       scheduler="steplr", accumulate=2),  # fmt: skip
     # accumulation with model.zero_grad() in the loop dropped the first passes
     "accumulate_model_zero_grad": Case(accumulate=2, zero_grad="model", shard=True),
 }
 
 
 def run_cases(scenarios: list[Case], tmp_path: Path, timeout: float = 600) -> list[list[str]]:
-    """Run ``scenarios`` in one ``hvdkit run -np 2`` job; each case's problems (empty: fine).
-    A case that raises ends its job: the cases after it run in another."""
-    problems: list[list[str]] = []
-    while len(problems) < len(scenarios):
-        first = len(problems)
-        spec = tmp_path / f"cases-{first}.json"
-        spec.write_text(json.dumps([asdict(c) for c in scenarios[first:]]))
-        argv = [HVDKIT, "run", "-np", str(SIZE), "--gloo", "--", sys.executable,
+    """Run ``scenarios``, each case's problems (empty: fine). One job per world size runs the
+    first runs of every case at that size; one job per size runs the resumed runs of the cases
+    that resume at another size."""
+    runs: dict[int, list[dict[int, dict]]] = {i: [] for i in range(len(scenarios))}
+    for resume in (False, True):
+        for size in sorted({c.sizes[-1 if resume else 0] for c in scenarios}):
+            items = [{"id": i, "case": asdict(c), "resume": resume}
+                     for i, c in enumerate(scenarios)
+                     if c.sizes[-1 if resume else 0] == size and (not resume or len(c.sizes) > 1)
+                     and not any(v.get("error") for r in runs[i] for v in r.values())]  # fmt: skip
+            for item, ranks in run_job(size, items, tmp_path, timeout):
+                runs[item["id"]].append(ranks)
+    return [check(case, runs[i]) for i, case in enumerate(scenarios)]
+
+
+def run_job(size: int, items: list[dict], tmp_path: Path, timeout: float) -> list:
+    """``items`` in ``hvdkit run -np SIZE`` jobs: ``(item, {rank: record})`` for each. A case
+    that raises ends its job: the items after it run in another."""
+    out_items: list = []
+    while len(out_items) < len(items):
+        rest = items[len(out_items) :]
+        spec = tmp_path / f"cases-{size}-{rest[0]['id']}-{int(rest[0]['resume'])}.json"
+        spec.write_text(json.dumps(rest))
+        argv = [HVDKIT, "run", "-np", str(size), "--gloo", "--", sys.executable,
                 str(WORKERS / "torch_scenario_worker.py"), str(spec), str(tmp_path)]  # fmt: skip
         out = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=timeout,
                              stdin=subprocess.DEVNULL)  # fmt: skip
-        by_case = records(out.stdout)
-        if not by_case:
+        by_id = records(out.stdout)
+        if not by_id:
             tail = f"{out.stdout[-1500:]}{out.stderr[-1500:]}"
-            problems.append([f"no result; exit {out.returncode}: {tail}"])
+            error = {r: {"error": f"no result; exit {out.returncode}: {tail}"} for r in range(size)}
+            out_items.append((rest[0], error))
             continue
-        for number in range(max(by_case) + 1):
-            ranks = by_case.get(number, {})
-            problems.append(check(scenarios[first + number], SIZE, ranks))
-    return problems
+        for item in rest:
+            if item["id"] not in by_id:
+                break
+            out_items.append((item, by_id[item["id"]]))
+    return out_items
 
 
 def records(stdout: str) -> dict[int, dict[int, dict]]:

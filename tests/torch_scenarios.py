@@ -39,6 +39,8 @@ class Case:
     zero_grad: str = "optimizer"  # "optimizer", "optimizer_keep" (set_to_none=False), "model"
     accumulate: int = 1
     clip: float | None = None
+    amp: bool = False  # bf16 autocast of the forward pass
+    compression: str = "none"  # "fp16": gradients sent and summed in float16
     warmup: int = 0
     scheduler: str = "none"  # "none", "onecycle" (total_steps from len(loader)), "steplr"
     shard: bool = False
@@ -46,10 +48,20 @@ class Case:
     batch: int = 4
     drop_last: bool = False
     shuffle: bool = True
+    workers: int = 0  # the training loader's worker processes
     validation: str = "none"  # "none", "inside" (every 2 batches), "after" (each epoch)
+    exact_validation: bool = False  # shard(..., shuffle=False, pad=False): each sample once
     loop: str = "epochs"  # "epochs": session.epochs(n); "range": for epoch in range(...)
     resume_at: int = 0  # >0: save() with defaults after this many batches, then resume
+    size: int = 2  # ranks of the first run
+    resume_size: int = 0  # ranks of the resumed run (0: the same, in the same processes)
     epochs: int = 2
+
+    @property
+    def sizes(self) -> list[int]:
+        """The world size of each run: the resumed one's too, where it is another size."""
+        other = self.resume_at and self.resume_size not in (0, self.size)
+        return [self.size, self.resume_size] if other else [self.size]
 
     def reproducer(self, seed: int | None = None) -> str:
         """One line that runs this case again (tests/test_torch_scenarios.py)."""
@@ -77,6 +89,8 @@ def cases(seed: int, count: int) -> list[Case]:
         zero_grad=st.sampled_from(["optimizer", "optimizer_keep", "model"]),
         accumulate=st.integers(1, 3),
         clip=st.sampled_from([None, 0.5]),
+        amp=st.booleans(),
+        compression=st.sampled_from(["none", "none", "fp16"]),
         warmup=st.sampled_from([0, 3]),
         scheduler=st.sampled_from(["none", "onecycle", "steplr"]),
         shard=st.booleans(),
@@ -84,9 +98,13 @@ def cases(seed: int, count: int) -> list[Case]:
         batch=st.integers(2, 6),
         drop_last=st.booleans(),
         shuffle=st.booleans(),
+        workers=st.sampled_from([0, 0, 0, 0, 0, 2]),
         validation=st.sampled_from(["none", "inside", "after"]),
+        exact_validation=st.booleans(),
         loop=st.sampled_from(["epochs", "range"]),
         resume_at=st.sampled_from([0, 0, 1, 3]),
+        size=st.sampled_from([2, 2, 2, 1]),
+        resume_size=st.sampled_from([0, 0, 1, 2]),
         epochs=st.just(2),
     )
 
@@ -99,7 +117,12 @@ def cases(seed: int, count: int) -> list[Case]:
             # hvdkit refuses to resume a checkpoint whose param groups differ from those at
             # setup(): a group added after it cannot be resumed (documented).
             case = Case(**{**asdict(case), "resume_at": 0})
-        if len(drawn) < count and case not in drawn and batches_per_epoch(case, 2) > 0:
+        if len(case.sizes) > 1 and case.scheduler == "onecycle":
+            # OneCycleLR's total_steps, from len(loader) at the first size, is too few for
+            # the batches at another: the script itself would fail (torch refuses the step).
+            case = Case(**{**asdict(case), "scheduler": "steplr"})
+        fits = all(batches_per_epoch(case, n) > 0 for n in case.sizes)
+        if len(drawn) < count and case not in drawn and fits:
             drawn.append(case)
 
     collect()
@@ -215,53 +238,67 @@ def weights_of(model: Model, scale: torch.Tensor | None) -> list[float]:
 # --- the oracle -----------------------------------------------------------------------------
 
 
-def rank_rows(samples: int, epoch: int, size: int, case: Case) -> list[list[int]]:
-    """Each rank's rows of a whole epoch: ``DistributedSampler``'s order and split."""
+def epoch_order(samples: int, epoch: int, case: Case) -> list[int]:
+    """An epoch's order of the whole dataset: ``DistributedSampler``'s permutation."""
     if case.shuffle:
-        order = torch.randperm(samples, generator=torch.Generator().manual_seed(epoch)).tolist()
-    else:
-        order = list(range(samples))
+        return torch.randperm(samples, generator=torch.Generator().manual_seed(epoch)).tolist()
+    return list(range(samples))
+
+
+def rank_batches(order: list[int], done: int, size: int, case: Case) -> list[list[list[int]]]:
+    """Each rank's batches of what is left of an epoch after ``done`` samples, ``[rank][batch]
+    -> rows``: cut to a multiple of ``size`` (``drop_last``) or padded with the epoch's first
+    samples, split as ``DistributedSampler`` splits, then batched by the loader."""
+    rest = order[done:]
     if case.drop_last:
-        order = order[: len(order) - len(order) % size]
-    elif len(order) % size:
-        order += order[: size - len(order) % size]
-    return [order[r::size] for r in range(size)]
-
-
-def rank_batches(samples: int, epoch: int, size: int, case: Case) -> list[list[list[int]]]:
-    """Each rank's batches of an epoch, ``[rank][batch] -> rows``."""
+        rest = rest[: len(rest) - len(rest) % size]
+    elif rest and len(rest) % size:
+        rest += (order * size)[: size - len(rest) % size]
     out = []
-    for rows in rank_rows(samples, epoch, size, case):
+    for rank in range(size):
+        rows = rest[rank::size]
         cut = len(rows) - len(rows) % case.batch if case.drop_last else len(rows)
         out.append([rows[k : k + case.batch] for k in range(0, cut, case.batch)])
     return out
 
 
 def batches_per_epoch(case: Case, size: int) -> int:
-    return len(rank_batches(case.samples, 0, size, case)[0])
+    return len(rank_batches(list(range(case.samples)), 0, size, case)[0])
 
 
-def oracle(case: Case, size: int) -> dict[str, Any]:
+def reduce(grads: list[torch.Tensor], case: Case) -> torch.Tensor:
+    """The ranks' gradients of one parameter as Horovod averages them: with
+    ``compression="fp16"`` each is sent in float16 and the sum rounded to it (nothing is sent
+    at one rank)."""
+    if case.compression == "fp16" and len(grads) > 1:
+        total = torch.stack([g.half().float() for g in grads]).sum(0).half().float()
+    else:
+        total = torch.stack(grads).sum(0)
+    return total / len(grads)
+
+
+def oracle(case: Case, segments: list[tuple[int, int | None]]) -> dict[str, Any]:
     """One plain process: each step's gradient is the mean over ranks of each rank's gradient
     (its mean loss), summed over the step's passes; the LR in force is the schedule's times
-    the warmup multiplier towards ``size``; the epoch's leftover passes step on their own."""
+    the warmup multiplier towards the world size; the epoch's leftover passes step on their
+    own. ``segments``: ``(size, last step)`` of each run, the last one's step None."""
     x, y = dataset(case.samples)
     model, scale, opt = build(case)
     late_group(case, opt, scale)
-    batches = batches_per_epoch(case, size)
-    scheduler = make_scheduler(case, opt, batches)
+    scheduler = make_scheduler(case, opt, batches_per_epoch(case, segments[0][0]))
     every = [p for g in opt.param_groups for p in g["params"]]
     step = passes = 0
-    summed = [torch.zeros_like(p) for p in every]
+    summed: list[list[torch.Tensor]] = []  # [rank][parameter], over the step's passes
     trained: dict[int, list[int]] = {}
+    runs = list(segments)
 
     def optimizer_step() -> None:
         nonlocal step, passes
-        params = [p for p in every if p.requires_grad]
-        for p, g in zip(every, summed, strict=True):
-            p.grad = g.clone() if p.requires_grad else None
+        size = len(summed)
+        for i, p in enumerate(every):
+            p.grad = reduce([rank[i] for rank in summed], case) if p.requires_grad else None
         if case.clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, case.clip)
+            torch.nn.utils.clip_grad_norm_([p for p in every if p.requires_grad], case.clip)
         factor = 1 + (size - 1) * min(1.0, step / case.warmup) if case.warmup else size
         saved = [g["lr"] for g in opt.param_groups]
         for g in opt.param_groups:
@@ -269,29 +306,42 @@ def oracle(case: Case, size: int) -> dict[str, Any]:
         opt.step()
         for g, lr in zip(opt.param_groups, saved, strict=True):
             g["lr"] = lr
-        for g in summed:
-            g.zero_()
+        summed.clear()
         step, passes = step + 1, 0
 
     for epoch in range(case.epochs):
         unfreeze(case, model, epoch)
-        per_rank = rank_batches(case.samples, epoch, size, case)
+        order, done = epoch_order(case.samples, epoch, case), 0
         trained[epoch] = []
-        for k in range(batches):
-            for r in range(size):
-                rows = per_rank[r][k]
-                trained[epoch] += rows
-                for p in every:
-                    p.grad = None
-                loss_of(model, scale, x[rows], y[rows]).backward()
-                for acc, p in zip(summed, every, strict=True):
-                    if p.grad is not None:
-                        acc += p.grad / size
-            passes += 1
-            if passes == case.accumulate:
-                optimizer_step()
-            if case.scheduler == "onecycle":
-                scheduler.step()
+        stopped = True
+        while stopped:  # a pass: from the epoch's start, or from where a stopped run left it
+            stopped = False
+            size = runs[0][0]
+            per_rank = rank_batches(order, done, size, case)
+            for k in range(len(per_rank[0])):
+                if not summed:
+                    summed.extend([torch.zeros_like(p) for p in every] for _ in range(size))
+                for r in range(size):
+                    rows = per_rank[r][k]
+                    trained[epoch] += rows
+                    for p in every:
+                        p.grad = None
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case.amp):
+                        loss = loss_of(model, scale, x[rows], y[rows])
+                    loss.backward()
+                    for acc, p in zip(summed[r], every, strict=True):
+                        if p.grad is not None:
+                            acc += p.grad
+                done += case.batch * size
+                passes += 1
+                if passes == case.accumulate:
+                    optimizer_step()
+                if case.scheduler == "onecycle":
+                    scheduler.step()
+                if runs[0][1] is not None and runs[0][1] == step and not passes:
+                    runs.pop(0)
+                    stopped = True
+                    break
         if passes:
             optimizer_step()
         if case.scheduler == "steplr":
@@ -302,59 +352,75 @@ def oracle(case: Case, size: int) -> dict[str, Any]:
 # --- the checks -----------------------------------------------------------------------------
 
 
-def coverage_problems(case: Case, size: int, epoch_rows: list[int]) -> list[str]:
-    """What is wrong with one epoch's trained rows over all ranks: every sample once, plus
-    the sampler's padding (at most ``size - 1`` repeats), or, with ``drop_last``, each at
-    most once and fewer than ``size * batch`` left out."""
+def coverage_problems(case: Case, sizes: list[int], epoch_rows: list[int],
+                      samples: int | None = None) -> list[str]:  # fmt: skip
+    """What is wrong with one epoch's trained rows over all ranks and runs: every sample once,
+    plus the sampler's padding (fewer repeats than ranks, each run), or, with ``drop_last``,
+    each at most once and fewer left out than a batch of every rank."""
+    samples = case.samples if samples is None else samples
     counts = Counter(epoch_rows)
-    missing = sorted(set(range(case.samples)) - set(counts))
+    missing = sorted(set(range(samples)) - set(counts))
     repeats = sum(c - 1 for c in counts.values())
     problems = []
     if case.drop_last:
         if repeats:
             problems.append(f"{repeats} repeats with drop_last")
-        if len(missing) >= size * case.batch:
+        if len(missing) >= sum(n * (case.batch + 1) for n in sizes):
             problems.append(f"{len(missing)} samples never trained")
     else:
         if missing:
             problems.append(f"samples never trained: {missing}")
-        if repeats >= size:
-            problems.append(f"{repeats} repeats, padding is at most {size - 1}")
+        if repeats >= sum(sizes):
+            problems.append(f"{repeats} repeats, padding is fewer than {sum(sizes)}")
     return problems
 
 
-def check(case: Case, size: int, ranks: dict[int, dict[str, Any]]) -> list[str]:
-    """Everything wrong with one case's result: an error on a rank, ranks that differ, the
-    ledger (each epoch's samples, each validation pass's), the steps and weights against
-    :func:`oracle` (to tests/workers/tolerance.py's path tolerance)."""
+def check(case: Case, runs: list[dict[int, dict[str, Any]]]) -> list[str]:
+    """Everything wrong with one case's result (``runs``: each run's records by rank): an error
+    on a rank, ranks that differ, ``len(loader)``, the ledger (each epoch's samples, each
+    validation pass's), the steps and weights against :func:`oracle` (to
+    tests/workers/tolerance.py's path tolerance)."""
     from workers.tolerance import max_difference, paths_close
 
-    errors = [f"rank {r}: {v['error']}" for r, v in sorted(ranks.items()) if v.get("error")]
+    errors = [f"run {n}, rank {r}: {v['error']}" for n, ranks in enumerate(runs)
+              for r, v in sorted(ranks.items()) if v.get("error")]  # fmt: skip
     if errors:
         return errors
-    if sorted(ranks) != list(range(size)):
-        return [f"results from ranks {sorted(ranks)}"]
+    if [sorted(ranks) for ranks in runs] != [list(range(n)) for n in case.sizes]:
+        return [f"results from ranks {[sorted(ranks) for ranks in runs]}, sizes {case.sizes}"]
     problems = []
-    if len({json.dumps(v["weights"]) for v in ranks.values()}) != 1:
+    final = runs[-1]
+    if len({json.dumps(v["weights"]) for v in final.values()}) != 1:
         problems.append("the ranks' weights differ")
-    lens = {n for v in ranks.values() for n in v["lens"]}
-    if lens != {batches_per_epoch(case, size)}:
-        problems.append(f"len(loader) {sorted(lens)}, expected {batches_per_epoch(case, size)}")
-    expected = oracle(case, size)
+    for size, ranks in zip(case.sizes, runs, strict=True):
+        lens = {n for v in ranks.values() for n in v["lens"]}
+        if lens != {batches_per_epoch(case, size)}:
+            problems.append(f"len(loader) at {size} ranks {sorted(lens)}, "
+                            f"expected {batches_per_epoch(case, size)}")  # fmt: skip
+        for number, passes in enumerate(zip(*(v["validated"] for v in ranks.values()),
+                                            strict=True)):  # fmt: skip
+            rows = [i for rank_rows in passes for i in rank_rows]
+            full = Case(**{**asdict(case), "drop_last": False})
+            found = coverage_problems(full, [size], rows, VALIDATION)
+            if case.exact_validation and len(rows) != VALIDATION:
+                found.append(f"{len(rows) - VALIDATION} samples more than once")
+            problems += [f"validation pass {number} at {size} ranks: {p}" for p in found]
+    segments = [
+        (size, ranks[0].get("stopped_at")) for size, ranks in zip(case.sizes, runs, strict=True)
+    ]
+    expected = oracle(case, segments[:-1] + [(segments[-1][0], None)])
     for epoch in range(case.epochs):
-        rows = [i for v in ranks.values() for i in v["trained"].get(str(epoch), [])]
-        problems += [f"epoch {epoch}: {p}" for p in coverage_problems(case, size, rows)]
+        rows = [
+            i for ranks in runs for v in ranks.values() for i in v["trained"].get(str(epoch), [])
+        ]
+        problems += [f"epoch {epoch}: {p}" for p in coverage_problems(case, case.sizes, rows)]
         if Counter(rows) != Counter(expected["trained"][epoch]):
             problems.append(f"epoch {epoch}: trained other samples than the oracle")
-    for number, passes in enumerate(zip(*(v["validated"] for v in ranks.values()), strict=True)):
-        rows = [i for rank_rows_ in passes for i in rank_rows_]
-        full = Case(**{**asdict(case), "drop_last": False, "samples": VALIDATION})
-        problems += [f"validation pass {number}: {p}" for p in coverage_problems(full, size, rows)]
-    if not case.unfreeze and not all(v["frozen_without_grad"] for v in ranks.values()):
+    if not case.unfreeze and not all(v["frozen_without_grad"] for v in final.values()):
         problems.append("a frozen parameter has a gradient")
-    if ranks[0]["steps"] != expected["steps"]:
-        problems.append(f"{ranks[0]['steps']} optimizer steps, the oracle {expected['steps']}")
-    elif not paths_close(ranks[0]["weights"], expected["weights"], steps=expected["steps"]):
-        difference = max_difference(ranks[0]["weights"], expected["weights"])
+    if final[0]["steps"] != expected["steps"]:
+        problems.append(f"{final[0]['steps']} optimizer steps, the oracle {expected['steps']}")
+    elif not paths_close(final[0]["weights"], expected["weights"], steps=expected["steps"]):
+        difference = max_difference(final[0]["weights"], expected["weights"])
         problems.append(f"weights differ from the oracle's by {difference:.3g}")
     return problems

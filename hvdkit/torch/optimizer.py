@@ -3,6 +3,7 @@ for AMP and gradient clipping."""
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -113,9 +114,14 @@ def _follow_trainable(wrapped: Any) -> None:
     first takes in every parameter that is trainable now (reduced as Horovod reduces one its
     hook missed), and an added group's parameters are named."""
     synchronize, add_param_group = wrapped.synchronize, wrapped.add_param_group
+    # Where Horovod reduces (several ranks, or elastic: it sends nothing at one rank
+    # otherwise), one by one (its grouped allreduces stay as built).
+    follows = (hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1") and getattr(
+        wrapped, "_groups", None
+    ) is None
 
     def following_synchronize(*args: Any, **kwargs: Any) -> Any:
-        if getattr(wrapped, "_groups", None) is None:  # Horovod's grouped allreduces: as built
+        if follows:
             wrapped._requires_update.update(
                 p for g in wrapped.param_groups for p in g["params"] if p.requires_grad
             )

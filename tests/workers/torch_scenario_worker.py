@@ -3,9 +3,12 @@ a user's training script with hvdkit.torch's session (setup, shard, the loop, ba
 a validation loader, a save with the defaults and a resume), each rank keeping a ledger of the
 sample ids it trained per epoch and validated per pass.
 
-Usage: ``hvdkit run -np 2 -- python torch_scenario_worker.py CASES.json WORKDIR``. Each rank
-prints one ``CASE {...}`` line a case. A case that raises prints its error and ends the job
-(the other ranks would wait in a collective for it): the cases after it are not run.
+Usage: ``hvdkit run -np N -- python torch_scenario_worker.py CASES.json WORKDIR``, CASES a list
+of ``{"id": ..., "case": {...}, "resume": bool}``: a case's first run (which stops after its
+save when the resumed run is at another world size) or its resumed run (from the checkpoint
+in ``WORKDIR/case-ID``). Each rank prints one ``CASE {...}`` line a case. A case that raises
+prints its error and ends the job (the other ranks would wait in a collective for it): the
+cases after it are not run.
 """
 
 from __future__ import annotations
@@ -56,13 +59,17 @@ class Script:
         self.session = hvd.setup(
             self.model, optimizer, checkpoint=checkpoint, warmup_steps=case.warmup,
             backward_passes_per_step=case.accumulate, shard_optimizer=case.shard,
+            compression=case.compression,
         )  # fmt: skip
         late_group(case, self.session.optimizer, self.scale)
         self.loader = self.session.shard(
             Indexed(case.samples), batch_size=case.batch, drop_last=case.drop_last,
-            shuffle=case.shuffle,
+            shuffle=case.shuffle, num_workers=case.workers,
         )  # fmt: skip
-        self.validation = self.session.shard(Indexed(VALIDATION, seed=7), batch_size=case.batch)
+        exact = {"shuffle": False, "pad": False} if case.exact_validation else {}
+        self.validation = self.session.shard(
+            Indexed(VALIDATION, seed=7), batch_size=case.batch, **exact
+        )
         self.length = len(self.loader)  # before the first pass: what a scheduler is built from
 
     def validate(self, ledger: dict[str, Any]) -> None:
@@ -74,14 +81,17 @@ class Script:
         ledger["validated"].append(rows)
 
 
-def run_case(case: Case, workdir: Path) -> dict[str, Any]:
+def run_case(case: Case, workdir: Path, resume: bool) -> dict[str, Any]:
+    """One case's first run (``resume`` False: to the end, resuming in the same processes
+    after its save when the size stays) or its resumed run at another size."""
     ledger: dict[str, Any] = {"trained": {}, "validated": [], "lens": []}
     checkpoint = workdir / "ckpt.pt" if case.resume_at else None
-    if checkpoint is not None and checkpoint.exists() and hvd.rank() == 0:
-        checkpoint.unlink()
-    # Every rank looks for the file after rank 0 removed it.
-    hvd.allreduce(torch.zeros(1), name="scenario.fresh")
-    save_after = case.resume_at
+    if not resume:
+        if checkpoint is not None and checkpoint.exists() and hvd.rank() == 0:
+            checkpoint.unlink()
+        # Every rank looks for the file after rank 0 removed it.
+        hvd.allreduce(torch.zeros(1), name="scenario.fresh")
+    save_after = 0 if resume else case.resume_at
     while True:
         script = Script(case, checkpoint)
         session = script.session
@@ -91,6 +101,9 @@ def run_case(case: Case, workdir: Path) -> dict[str, Any]:
         ledger["lens"].append(script.length)
         saved = run_epochs(script, scheduler, ledger, save_after)
         if not saved:
+            break
+        if len(case.sizes) > 1:  # resumed by another job, at the other size
+            ledger["stopped_at"] = session.step_count
             break
         save_after = 0  # resumed: to the end
     frozen = [p.grad is None for p in script.model.parameters() if not p.requires_grad]
@@ -115,7 +128,8 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
                     script.scale.grad = None  # the script's own parameter, zeroed by the script
             else:
                 session.optimizer.zero_grad(set_to_none=case.zero_grad == "optimizer")
-            loss = loss_of(session.model, script.scale, x, y)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case.amp):
+                loss = loss_of(session.model, script.scale, x, y)
             options = {"clip_grad_norm": case.clip} if case.clip is not None else {}
             session.backward_and_step(loss, **options)
             if case.scheduler == "onecycle":
@@ -138,15 +152,17 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
 
 
 def main() -> None:
-    cases = [Case(**c) for c in json.loads(Path(sys.argv[1]).read_text())]
+    items = json.loads(Path(sys.argv[1]).read_text())
     workdir = Path(sys.argv[2])
     hvd.init()
-    for number, case in enumerate(cases):
+    for item in items:
+        case, where = Case(**item["case"]), workdir / f"case-{item['id']}"
+        where.mkdir(parents=True, exist_ok=True)
         try:
-            result = run_case(case, workdir)
+            result = run_case(case, where, item["resume"])
         except Exception:  # noqa: BLE001 - reported per case, then the job ends
             result = {"error": traceback.format_exc()[-1200:]}
-        result.update(case=number, rank=hvd.rank())
+        result.update(case=item["id"], rank=hvd.rank())
         print("CASE " + json.dumps(result), flush=True)
         if "error" in result:
             sys.stdout.flush()
