@@ -4,6 +4,9 @@ plain Keras process trained on the global batches (tests/workers/keras_inputs_wo
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 from conftest import horovodrun, results
 
@@ -34,3 +37,101 @@ def test_fit_shards_every_input_kind_like_one_process_on_the_global_batch(backen
             assert one["batches"] == STEPS * EPOCHS, (spec, one)
             assert one["moved"] > 1e-3, (spec, one)  # the oracle trained
             assert one["oracle_close"], (spec, one)
+
+
+# Issue 49, items 8-11, with a ledger of the samples each rank trained at each step
+# (tests/workers/keras_inputs_ledger_worker.py): one job per backend for the four items.
+LEDGER = {
+    "tensorflow": ["shuffled-tf.data", "unknown-tf.data", "finite-generator",
+                   "dict-sample-weight", "list-inputs"],
+    "torch": ["subset-sampler", "weighted-sampler", "finite-generator", "dict-sample-weight",
+              "list-inputs"],
+}  # fmt: skip
+ROWS = 110  # as in the worker
+
+
+def ledger_job(backend: str) -> dict[str, list[dict]]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KERAS_BACKEND", backend)
+        r = results(horovodrun("keras_inputs_ledger_worker.py", *LEDGER[backend], timeout=300))
+    return {spec: [r[rank]["runs"][spec] for rank in (0, 1)] for spec in LEDGER[backend]}
+
+
+@pytest.fixture(scope="module")
+def tf_ledger():
+    return ledger_job("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def torch_ledger():
+    return ledger_job("torch")
+
+
+def in_step(ranks: list[dict]) -> list[list[int]]:
+    """The global batches (the ranks' k-th batches together), after the checks every input
+    must pass: no error, the same steps on both ranks, identical weights, trained, and equal
+    to one process trained on those global batches."""
+    assert all("error" not in one for one in ranks), ranks
+    assert len(ranks[0]["steps"]) == len(ranks[1]["steps"]), ranks
+    assert ranks[0]["digest"] == ranks[1]["digest"], ranks
+    for one in ranks:
+        assert one["moved"] > 1e-3 and one["oracle_close"], one
+    return [a + b for a, b in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True)]
+
+
+def epochs_of(ranks: list[dict]) -> list[list[int]]:
+    """The ids trained in each epoch, over both ranks."""
+    steps, starts = in_step(ranks), ranks[0]["epoch_starts"] + [len(ranks[0]["steps"])]
+    return [sum(steps[a:b], []) for a, b in itertools.pairwise(starts)]
+
+
+def counts(ids: list[int]) -> list[int]:
+    return np.bincount(ids, minlength=ROWS).tolist()
+
+
+def test_a_loader_with_a_subset_sampler_never_trains_the_held_out_rows(torch_ledger):
+    """Item 8: SubsetRandomSampler(train_idx)'s held-out rows are never trained, and its
+    training rows once each epoch (73 rows over 2 ranks: one padding row), drawn anew each
+    epoch."""
+    held_in = [i for i in range(ROWS) if i % 3 != 2][:-1]
+    subset = epochs_of(torch_ledger["subset-sampler"])
+    for ids in subset:
+        assert sorted(set(ids)) == held_in and len(ids) == len(held_in) + 1, ids
+    assert len(subset) == 2 and subset[0] != subset[1]
+
+
+def test_a_loader_with_a_weighted_sampler_keeps_its_weights(torch_ledger):
+    """Item 8: WeightedRandomSampler's 100 draws an epoch, none of a row of weight 0."""
+    for ids in epochs_of(torch_ledger["weighted-sampler"]):
+        assert max(ids) < ROWS // 2 and len(ids) == 100, ids
+
+
+def test_a_shuffled_tf_data_gives_the_ranks_a_partition_of_each_epoch(tf_ledger):
+    """Item 9: `.shuffle(N).batch(B)` with no seed: every sample once an epoch over the ranks,
+    reshuffled each epoch, and the map run on each rank's own elements only."""
+    ranks = tf_ledger["shuffled-tf.data"]
+    shuffled = epochs_of(ranks)
+    assert [counts(ids) for ids in shuffled] == [[1] * ROWS] * 2
+    assert shuffled[0] != shuffled[1]
+    assert [one["mapped"] for one in ranks] == [ROWS] * 2  # 2 epochs of 55 rows
+
+
+def test_inputs_of_unknown_length_take_the_same_steps_on_every_rank(tf_ledger, torch_ledger):
+    """Item 10: 110 rows in batches of 10 (11 batches), steps_per_epoch=4, 3 epochs hung at
+    np=2. A tf.data behind a filter repeats each rank's 55 rows: 12 steps, every row twice; a
+    finite generator's shares are padded to 6 batches (the first batch again) and run out at
+    the same step on both ranks."""
+    steps = in_step(tf_ledger["unknown-tf.data"])
+    assert len(steps) == 12 and counts(sum(steps, [])) == [2] * ROWS
+    for ranks in (tf_ledger["finite-generator"], torch_ledger["finite-generator"]):
+        first = sum(in_step(ranks)[:6], [])
+        assert counts(first) == [2] * 10 + [1] * (ROWS - 10), first
+
+
+@pytest.mark.parametrize("spec", ["dict-sample-weight", "list-inputs"])
+def test_sample_weight_lists_and_multi_input_arrays_are_sharded(spec, tf_ledger, torch_ledger):
+    """Item 11: a dict of inputs with sample_weight and a Python list of targets, and a list
+    of inputs: the same rows of each, every sample once an epoch, equal to one process with
+    the same weights."""
+    for ledger in (tf_ledger, torch_ledger):
+        assert [counts(ids) for ids in epochs_of(ledger[spec])] == [[1] * ROWS] * 2

@@ -81,12 +81,15 @@ class Session:
         drop_compiled(self.model)
 
     def fit(self, x: Any, y: Any = None, *, callbacks: Any = (), **kwargs: Any) -> Any:
-        """``model.fit`` on this rank's shard of ``x`` and ``y``: whole arrays, a
-        ``tf.data.Dataset``, a ``keras.utils.PyDataset`` (``workers``,
+        """``model.fit`` on this rank's shard of ``x`` and ``y``: whole arrays (a dict or
+        list of them for several inputs; ``sample_weight`` sharded with them), a
+        ``tf.data.Dataset`` (sharded at its source), a ``keras.utils.PyDataset`` (``workers``,
         ``use_multiprocessing`` and ``max_queue_size`` may be given here, as to Keras 2's
-        ``fit``), a torch ``DataLoader`` or ``Dataset``, or a generator with
-        ``steps_per_epoch``; each rank takes the same number of steps
-        (:mod:`hvdkit.keras.inputs`). The session's callbacks come before
+        ``fit``), a torch ``DataLoader`` (its own sampler's indices split) or ``Dataset``, or
+        a generator with ``steps_per_epoch``; the shares partition every epoch and each rank
+        takes the same number of steps (:mod:`hvdkit.keras.inputs`). What every rank must
+        draw alike is compared across the ranks first, and an input hvdkit cannot shard so
+        is refused before the first step, naming the fix. The session's callbacks come before
         ``callbacks``; it resumes from the session's epoch. In an elastic session a lost or
         added worker ends ``fit`` on every rank; the session recovers (last commit, new size,
         LR rescaled) and calls ``fit`` again on a new shard, the interrupted epoch cut to the
@@ -94,7 +97,8 @@ class Session:
         samples they were). Returns the last ``fit``'s history."""
         kwargs.setdefault("initial_epoch", self.epoch)
         while True:
-            mine = inputs.shard_input(x, y, kwargs, self.rank, self.size)
+            gather = inputs.gather_over_ranks if self.size > 1 else None
+            mine = inputs.shard_input(x, y, kwargs, self.rank, self.size, gather)
             extra = [] if self._elastic is None else [_ElasticProgress(self)]
             try:
                 return self.model.fit(
