@@ -1,19 +1,41 @@
 """Horovod's Keras collectives and queries, for the active Keras backend: each takes numpy
 arrays, Python numbers or the backend's tensors and returns the backend's tensor (a
 ``tf.Tensor`` on TensorFlow, as Horovod's Keras layer does in eager mode; a ``torch.Tensor``
-on torch). ``process_set=`` (Horovod's ``ProcessSet``) restricts an op to a set of ranks."""
+on torch; a JAX array on JAX) of the input's dtype, or refuses a dtype Horovod does not take.
+``process_set=`` (Horovod's ``ProcessSet``) restricts an op to a set of ranks."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import keras
+import numpy as np
 
 from hvdkit.keras import backend
 
 
 def _tensor(value: Any) -> Any:
-    return backend.current().for_horovod(keras.ops.convert_to_tensor(value))
+    """``value`` as the backend's Horovod takes it, its dtype kept."""
+    current = backend.current()
+    if isinstance(value, np.generic):
+        # Keras on torch reads a numpy float64 scalar as a Python float (float32); as a 0-d
+        # array it keeps its dtype.
+        value = np.asarray(value)
+    if getattr(current, "takes_host_values", False):
+        return current.for_horovod(value)
+    return current.for_horovod(keras.ops.convert_to_tensor(value))
+
+
+def _split_tensor(op: str, value: Any) -> Any:
+    """``value`` for an op that splits or joins along the first axis: a 0-d one has none, and
+    Horovod would crash the process (``alltoall``) or fail obscurely (``allgather`` on torch)."""
+    tensor = _tensor(value)
+    if getattr(tensor, "ndim", None) == 0:
+        raise ValueError(
+            f"hvd.{op}: the tensor is 0-d (a scalar), and {op} splits or joins tensors along "
+            f"their first axis. Fix: give it one, e.g. hvd.{op}(keras.ops.reshape(x, [1]))"
+        )
+    return tensor
 
 
 def _set(process_set: Any) -> dict[str, Any]:
@@ -48,7 +70,8 @@ def allreduce(
 
 def allgather(value: Any, name: str | None = None, *, process_set: Any = None) -> Any:
     """Every rank's ``value`` concatenated along the first axis (its length may differ)."""
-    return backend.horovod().allgather(_tensor(value), name=name, **_set(process_set))
+    tensor = _split_tensor("allgather", value)
+    return backend.horovod().allgather(tensor, name=name, **_set(process_set))
 
 
 def broadcast(
@@ -63,9 +86,9 @@ def reducescatter(value: Any, name: str | None = None, op: Any = None, *,
     """Reduce ``value`` over the ranks (``Average`` by default, or ``Sum``) and give each rank
     its slice of the first axis (rank r gets rows r*n/size ... as Horovod splits them)."""
     hvd = backend.horovod()
-    return hvd.reducescatter(
-        _tensor(value), name=name, op=hvd.Average if op is None else op, **_set(process_set)
-    )
+    tensor = _split_tensor("reducescatter", value)
+    op = hvd.Average if op is None else op
+    return hvd.reducescatter(tensor, name=name, op=op, **_set(process_set))
 
 
 def alltoall(value: Any, splits: Any = None, name: str | None = None, *,
@@ -73,7 +96,8 @@ def alltoall(value: Any, splits: Any = None, name: str | None = None, *,
     """Send slice i of ``value`` (first axis, ``splits`` rows each, equal by default) to rank
     i; returns what this rank received and the splits received, as Horovod's ``alltoall``."""
     kwargs: dict[str, Any] = {} if splits is None else {"splits": _tensor(splits)}
-    return backend.horovod().alltoall(_tensor(value), name=name, **kwargs, **_set(process_set))
+    tensor = _split_tensor("alltoall", value)
+    return backend.horovod().alltoall(tensor, name=name, **kwargs, **_set(process_set))
 
 
 # Queries and process sets: Horovod's own, from the backend's Horovod module.

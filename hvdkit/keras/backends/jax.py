@@ -10,7 +10,8 @@ Horovod's ops cannot run inside a compiled JAX step, so on this backend the work
   side) and XLA all-reduces the gradients inside it. ``DistributedOptimizer`` adds no
   reduction of its own there.
 - **Collectives called by the script** (``hvd.allreduce``, ``broadcast``, ``*_object``...) go
-  through Horovod on host copies and return JAX arrays.
+  through Horovod on host copies and return JAX arrays of the input's dtype (64-bit ones too,
+  without JAX's x64), or refuse a dtype Horovod does not take, naming it.
 """
 
 from __future__ import annotations
@@ -36,31 +37,79 @@ TENSOR_OPS = (
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "alltoall", "reducescatter", "grouped_reducescatter",
 )  # fmt: skip
-# Ops that only move bytes, and the same-width dtypes Horovod's torch binding takes for the
-# ones it does not (Keras's seed state is uint32).
+# Ops that only move bytes; the others reduce.
 MOVES = ("broadcast", "allgather", "grouped_allgather", "alltoall")
-CARRIERS = {"uint16": np.int16, "uint32": np.int32, "uint64": np.int64, "bfloat16": np.int16}
+# The dtypes Horovod's torch binding (0.28.1) reduces, and the ones it moves.
+REDUCED = ("int32", "int64", "float16", "float32", "float64")
+MOVED = ("uint8", "int8", "int16", *REDUCED)
+# For the moves, dtypes the binding lacks travel as same-width ones it has (Keras's seed state
+# is uint32; bool as on TensorFlow, whose Horovod moves it).
+CARRIERS = {
+    "uint16": np.int16, "uint32": np.int32, "uint64": np.int64, "bfloat16": np.int16,
+    "bool": np.uint8,
+}  # fmt: skip
 
 
-def _to_torch(value: Any, move: bool) -> tuple[Any, Any]:
+def host_value(value: Any) -> np.ndarray:
+    """``value`` as a host array, its dtype kept: a numpy or JAX array's own (JAX would make an
+    int64 int32 without x64); Python numbers and lists typed as Keras types them on TensorFlow
+    and torch (int32, or int64 where a value needs it; ``floatx`` for floats)."""
+    if hasattr(value, "dtype"):
+        return np.array(value)
+    import keras
+
+    array = np.array(value)
+    small = np.iinfo(np.int32)
+    if array.dtype == np.int64 and np.all((array >= small.min) & (array <= small.max)):
+        return array.astype(np.int32)
+    if array.dtype == np.float64:
+        return array.astype(keras.config.floatx())
+    return array
+
+
+def _refuse(name: str, dtype: np.dtype, move: bool) -> None:
+    """A clear error for a dtype Horovod cannot take here, naming it and the fix."""
+    taken = sorted({*MOVED, *CARRIERS} if move else REDUCED)
+    if dtype.name in taken:
+        return
+    what = "move" if move else "reduce"
+    raise TypeError(
+        f"hvd.{name}: Horovod does not {what} {dtype.name} tensors on KERAS_BACKEND=jax (its "
+        f"ops take {', '.join(taken)}; as on TensorFlow and torch, hvdkit does not cast "
+        f"silently). Fix: cast it to one of them first, e.g. x.astype('int32') or "
+        f"x.astype('float32')"
+    )
+
+
+def _to_torch(name: str, value: Any, move: bool) -> tuple[Any, Any]:
     """A torch copy of ``value`` (torch may write into it), and the dtype to view the result
     as (None: as it comes)."""
     import torch
 
     array = np.array(value)
     dtype = array.dtype
+    _refuse(name, dtype, move)
     if move and dtype.name in CARRIERS:
         return torch.from_numpy(array.view(CARRIERS[dtype.name])), dtype
     return torch.from_numpy(array), None
 
 
+def _jax_array(array: np.ndarray) -> Any:
+    """``array`` as a JAX array of its own dtype and value: a 64-bit one stays 64-bit when JAX
+    runs without x64 (its default, where an int64 would become int32, wrapping its values, and
+    a float64 float32)."""
+    import jax
+
+    with jax.enable_x64(True):
+        return jax.device_put(array)  # no compiled op per shape, as jnp.asarray has
+
+
 def _to_jax(value: Any, dtype: Any) -> Any:
-    import jax.numpy as jnp
     import torch
 
     if isinstance(value, torch.Tensor):
         array = value.numpy()
-        return jnp.asarray(array if dtype is None else array.view(dtype))
+        return _jax_array(array if dtype is None else array.view(dtype))
     if isinstance(value, list):
         return [_to_jax(v, dtype) for v in value]
     if isinstance(value, tuple):  # alltoall: (received, splits received)
@@ -73,16 +122,17 @@ def _tensor_op(name: str, op: Any) -> Any:
 
     def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(tensor, (list, tuple)):
-            pairs = [_to_torch(t, move) for t in tensor]
+            pairs = [_to_torch(name, t, move) for t in tensor]
             inputs: Any = [t for t, _ in pairs]
             dtypes = {d for _, d in pairs}
             if len(dtypes) > 1:
                 raise TypeError(f"hvd.{name}: give the tensors of one call one dtype")
             dtype = dtypes.pop() if dtypes else None
         else:
-            inputs, dtype = _to_torch(tensor, move)
+            inputs, dtype = _to_torch(name, tensor, move)
         if kwargs.get("splits") is not None:
-            kwargs["splits"] = _to_torch(np.asarray(kwargs["splits"], dtype=np.int32), False)[0]
+            splits = np.asarray(kwargs["splits"], dtype=np.int32)
+            kwargs["splits"] = _to_torch(name, splits, False)[0]
         return _to_jax(op(inputs, *args, **kwargs), dtype)
 
     call.__name__ = name
@@ -257,8 +307,12 @@ class JaxBackend(KerasBackend):
     def horovod(self) -> Any:
         return _wrapper()
 
+    #: Collectives take numpy, JAX and Python values as they are (:func:`host_value`): Keras's
+    #: conversion would make a JAX array, which is 32-bit without x64.
+    takes_host_values = True
+
     def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
-        return np.array(tensor)
+        return host_value(tensor)
 
     def bf16_allreduce(
         self, tensors: list[Any], average: bool, name: str, process_set: Any
