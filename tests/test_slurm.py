@@ -84,6 +84,9 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
         # Keras on JAX: JAX's coordinator at rank 0's node by its Slurm name.
         f"KERAS_BACKEND=jax {HVDKIT} run --gloo -- {sys.executable} "
         f"{WORKERS / 'keras_jax_worker.py'}",
+        # The fix hvdkit prints for a bare srun start, inside this 2-node job (issue 49, 16):
+        # srun's step variables are its own, the job's nodes are planned.
+        f"srun -N1 -n1 {HVDKIT} run --gloo -- {sys.executable} {WORKERS / 'launch_worker.py'}",
     ])  # fmt: skip
     info = cluster.wait_job(job, 300)
     text = output.read_text(errors="replace")
@@ -92,7 +95,10 @@ def test_sbatch_job_runs_hvdkit_run_on_its_nodes_without_hosts_or_np(cluster, re
         f"hvdkit run: hosts from the Slurm job {job} allocation (SLURM_JOB_NODELIST=nodeA,nodeB, "
         "SLURM_TASKS_PER_NODE=1(x2)): nodeA:1, nodeB:1"
     ) in text
-    launch, *trained, keras_jax = text.split("hvdkit run: hosts from")[1:]
+    launch, *trained, keras_jax, in_step = text.split("hvdkit run: hosts from")[1:]
+    stepped = results(job_output_text(in_step))
+    assert {stepped[0]["host"], stepped[1]["host"]} == {"nodeA", "nodeB"}, in_step[-2000:]
+    assert stepped[0]["sum"] == stepped[1]["sum"] == 3.0
     sums = results(job_output_text(launch))
     assert {sums[0]["host"], sums[1]["host"]} == {"nodeA", "nodeB"}  # a rank on each node
     assert sums[0]["netns"] != sums[1]["netns"] and sums[0]["sum"] == sums[1]["sum"] == 3.0
