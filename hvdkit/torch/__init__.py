@@ -8,12 +8,13 @@ What differs from ``horovod.torch``: ``broadcast_parameters`` handles non-contig
 (channels_last) tensors; ``broadcast_optimizer_state`` takes no spurious step on a fresh
 optimizer; ``DistributedOptimizer.zero_grad(set_to_none=...)`` works; and
 :func:`backward_and_step` is the one pattern for AMP and clipping; ``SyncBatchNorm`` also
-works on CPU (Horovod's needs a GPU).
+works on CPU (Horovod's needs a GPU); ``allgather``, ``alltoall`` (and their grouped and async
+forms) refuse a 0-d tensor with the fix, where Horovod's crash the process or fail obscurely.
 
 Module set: ``adapter``, ``optimizer`` and ``session`` play the same roles as in
 :mod:`hvdkit.keras` (see its docstring); ``functions`` (broadcasts of parameters, optimizer
-state and objects) and ``sync_batch_norm`` are the parts of ``horovod.torch`` that hvdkit
-rewrites.
+state and objects), ``collectives`` (the 0-d refusals) and ``sync_batch_norm`` are the parts
+of ``horovod.torch`` that hvdkit rewrites.
 """
 
 from horovod.torch import (
@@ -26,15 +27,11 @@ from horovod.torch import (
     Product,
     Sum,
     add_process_set,
-    allgather,
-    allgather_async,
     allgather_object,
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    alltoall,
-    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
@@ -50,8 +47,6 @@ from horovod.torch import (
     global_process_set,
     gloo_built,
     gloo_enabled,
-    grouped_allgather,
-    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
@@ -82,6 +77,14 @@ from horovod.torch import (
 
 from hvdkit.torch import elastic as elastic  # hvd.elastic, as in horovod.torch
 from hvdkit.torch.bf16 import Compression
+from hvdkit.torch.collectives import (
+    allgather,
+    allgather_async,
+    alltoall,
+    alltoall_async,
+    grouped_allgather,
+    grouped_allgather_async,
+)
 from hvdkit.torch.functions import broadcast_optimizer_state, broadcast_parameters, init
 from hvdkit.torch.optimizer import DistributedOptimizer, backward_and_step
 from hvdkit.torch.session import Session, setup

@@ -378,6 +378,7 @@ class _Sharded:
     _hvdkit_loaded: dict[str, Any] | None  # the state last loaded, until the next step
     _hvdkit_groups: list[_Group]
     _hvdkit_owners: list[int]  # the param group each of them belongs to
+    _hvdkit_parked: dict[torch.Tensor, dict[str, Any]]  # whole state of frozen parameters
     _hvdkit_world: tuple[int, int]
     _hvdkit_signature: tuple[tuple[int, ...], ...]
     _hvdkit_compression: Any
@@ -410,7 +411,8 @@ class _Sharded:
         ):
             return
         carried = given
-        if given is None and self._hvdkit_inner is not None and self._hvdkit_inner.state:
+        inner_now = self._hvdkit_inner
+        if given is None and inner_now is not None and (inner_now.state or self._hvdkit_parked):
             if world != self._hvdkit_world:
                 # The slices were cut for another world: only the whole state re-cuts them.
                 raise RuntimeError(
@@ -543,7 +545,8 @@ class _Sharded:
     def _hvdkit_full_state(self) -> dict[torch.Tensor, dict[str, Any]]:
         """Collective: every parameter's state, as a plain optimizer would hold it."""
         inner = self._hvdkit_inner
-        full: dict[torch.Tensor, dict[str, Any]] = {}
+        # Frozen parameters keep the state they had, as a plain optimizer's do.
+        full: dict[torch.Tensor, dict[str, Any]] = dict(self._hvdkit_parked)
         if inner is None:
             return full
         for i, group in enumerate(self._hvdkit_groups):
@@ -569,6 +572,8 @@ class _Sharded:
         inner = self._hvdkit_inner
         assert inner is not None
         inner.state.clear()
+        sliced = {id(p) for group in self._hvdkit_groups for p in group.params}
+        self._hvdkit_parked = {p: entry for p, entry in full.items() if id(p) not in sliced}
         for group in self._hvdkit_groups:
             present = [full.get(p, {}) for p in group.params]
             keys = {k for entry in present for k in entry}
@@ -720,6 +725,7 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     sharded._hvdkit_loaded = None
     sharded._hvdkit_groups = []
     sharded._hvdkit_owners = []
+    sharded._hvdkit_parked = {}
     sharded._hvdkit_world = (0, 0)
     sharded._hvdkit_signature = ()
     sharded._hvdkit_compression = compression

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 import hvdkit.torch as hvd
+from hvdkit import preempt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the grammar
 from torch_scenarios import (
@@ -99,7 +101,13 @@ def run_case(case: Case, workdir: Path, resume: bool) -> dict[str, Any]:
         if scheduler is not None:  # built after setup, from len(loader): given to the session
             session.scheduler = scheduler
         ledger["lens"].append(script.length)
-        saved = run_epochs(script, scheduler, ledger, save_after)
+        try:
+            saved = run_epochs(script, scheduler, ledger, save_after)
+        except preempt.Preempted:  # checkpointed at a step boundary, on every rank
+            saved = True
+        finally:
+            if session._preempt is not None:  # the next case's session installs its own
+                session._preempt.uninstall()
         if not saved:
             break
         if len(case.sizes) > 1:  # resumed by another job, at the other size
@@ -113,7 +121,8 @@ def run_case(case: Case, workdir: Path, resume: bool) -> dict[str, Any]:
 
 
 def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_after: int) -> bool:
-    """The script's loop; True when it saved (with the defaults) and stopped mid-epoch."""
+    """The script's loop; True when it saved (with the defaults) and stopped mid-epoch (a
+    preemption raises :class:`hvdkit.preempt.Preempted` once it has saved)."""
     case, session = script.case, script.session
     epochs = (
         session.epochs(case.epochs) if case.loop == "epochs" else range(session.epoch, case.epochs)
@@ -142,8 +151,12 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
                 and k + 1 >= save_after
                 and not session.position.micro_step
             ):
-                session.save()  # the defaults, inside the epoch
-                return True
+                if case.stop == "save":
+                    session.save()  # the defaults, inside the epoch
+                    return True
+                if session.rank == 0:  # as a scheduler's warning to one rank
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                save_after = 0  # the job stops where the ranks agree, a step or two later
         if case.scheduler == "steplr":
             scheduler.step()
         if case.validation == "after":
@@ -155,6 +168,7 @@ def main() -> None:
     items = json.loads(Path(sys.argv[1]).read_text())
     workdir = Path(sys.argv[2])
     hvd.init()
+    preempt.INTERVAL_S = 0.0  # the ranks agree on a signal at every step: it stops within 2
     for item in items:
         case, where = Case(**item["case"]), workdir / f"case-{item['id']}"
         where.mkdir(parents=True, exist_ok=True)
