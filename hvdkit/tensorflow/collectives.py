@@ -1,23 +1,35 @@
-"""Horovod's TensorFlow collectives, taking Keras 3 variables too.
+"""Horovod's TensorFlow collectives, taking Keras 3 variables too, and refusing a 0-d tensor
+where the op needs a first axis.
 
 Horovod's ops are fine on ``tf.Tensor``s and ``tf.Variable``s, but a Keras 3 variable is
 neither: Horovod's compression reads ``tensor.dtype.is_floating`` (a Keras dtype is a string)
 and ``broadcast_variables`` assigns through a symbolic tensor. Each function here is
 Horovod's, given the ``tf.Variable`` under each Keras 3 variable; same signature, same result.
+
+A 0-d tensor has no first axis to split or join. Horovod 0.28.1 does not check it:
+``alltoall`` crashes the process (a segmentation fault in its op), ``allgather`` and
+``grouped_allgather`` fail with a ``FailedPreconditionError`` from the coordinator (eagerly) or
+a shape-inference ``ValueError`` (in ``tf.function``). Here those three refuse a tensor of
+static rank 0 first, with a ``ValueError`` naming it and the fix, eagerly and while tracing.
+(``reducescatter`` refuses a 0-d tensor itself, with a clear error: it is Horovod's.)
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import horovod.tensorflow as _hvd
 import keras
+import numpy as np
 import tensorflow as tf
 from horovod.tensorflow import global_process_set
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+NEEDS_FIRST_AXIS = ("allgather", "grouped_allgather", "alltoall")
 
 
 def tf_variable(value: Any) -> Any:
@@ -35,10 +47,45 @@ def tf_variables(values: Any) -> Any:
     return tf_variable(values)
 
 
+def refuse_0d(op: str, value: Any, index: int | None = None) -> None:
+    """Raise the ``ValueError`` for ``op`` given ``value`` of static rank 0 (``tensors[index]``
+    of a grouped op); anything else passes, an unknown rank too."""
+    shape = getattr(value, "shape", None)
+    rank = tf.TensorShape(shape).rank if shape is not None else np.ndim(value)
+    if rank != 0:
+        return
+    which = "the tensor" if index is None else f"tensors[{index}]"
+    fix = f"hvd.{op}(tf.reshape(x, [1]))" if index is None else f"tf.reshape(tensors[{index}], [1])"
+    dtype = getattr(getattr(value, "dtype", None), "name", None) or type(value).__name__
+    raise ValueError(
+        f"hvd.{op}: {which} is 0-d (a scalar of dtype {dtype}), and {op} splits or joins "
+        f"tensors along their first axis (Horovod would crash or fail obscurely on it). Fix: "
+        f"give it one, e.g. {fix}"
+    )
+
+
 def _first_unwrapped(horovod_fn: F) -> F:
+    """``horovod_fn`` given the ``tf.Variable`` of each Keras 3 variable in its first argument
+    (``tensor``; ``tensors`` or ``variables`` of the ops that take several), refusing 0-d
+    tensors first where the op needs a first axis."""
+    op = horovod_fn.__name__
+    grouped = op.startswith("grouped_")
+    key = next(iter(inspect.signature(horovod_fn).parameters))  # tensor, tensors, variables
+
     @functools.wraps(horovod_fn)
-    def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        return horovod_fn(tf_variables(tensor), *args, **kwargs)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (tf_variables(args[0]), *args[1:])
+        elif key in kwargs:
+            kwargs[key] = tf_variables(kwargs[key])
+        if op in NEEDS_FIRST_AXIS:
+            first = args[0] if args else kwargs.get(key)
+            if grouped and isinstance(first, (list, tuple)):
+                for index, value in enumerate(first):
+                    refuse_0d(op, value, index)
+            else:
+                refuse_0d(op, first)
+        return horovod_fn(*args, **kwargs)
 
     call.__module__ = __name__
     return call  # type: ignore[return-value]

@@ -31,9 +31,9 @@ def refuse_0d(op: str, tensor: Any, index: int | None = None) -> None:
     fix = f"hvd.{op}(x.reshape(1))" if index is None else f"tensors[{index}].reshape(1)"
     dtype = str(tensor.dtype).removeprefix("torch.")
     raise ValueError(
-        f"hvd.{op}: {which} is 0-d (a {dtype} scalar), and {op} splits or joins tensors along "
-        f"their first axis (Horovod would crash or fail obscurely on it). Fix: give it one, "
-        f"e.g. {fix}"
+        f"hvd.{op}: {which} is 0-d (a scalar of dtype {dtype}), and {op} splits or joins "
+        f"tensors along their first axis (Horovod would crash or fail obscurely on it). Fix: "
+        f"give it one, e.g. {fix}"
     )
 
 
