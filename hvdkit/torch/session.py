@@ -111,6 +111,8 @@ class _EpochLoader:
                     torch.random.set_rng_state(state)
                 self.yielded = False
                 for batch in batches:
+                    if drives:
+                        session._stop_if_due()
                     session._current, self.yielded = self, True
                     yield batch
                     if elastic is not None and elastic.generation != generation:
@@ -125,6 +127,7 @@ class _EpochLoader:
                     session._flush()
                     if elastic is not None and elastic.generation != generation:
                         continue  # recovered during that last step: from the restored position
+                    session._stop_if_due()
                     session._end_pass()
                     return
         finally:
@@ -156,6 +159,7 @@ class Session:
         self._pending_step: dict[str, Any] | None = None  # an accumulating step's options
         self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
         self._preempt: preempt.Preemption | None = None
+        self._stop_due = False  # the ranks agreed to stop: at the script's next call
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
             # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary; the
             # ranks agree on it through a collective (not elastic: the size stays).
@@ -229,10 +233,21 @@ class Session:
             self.position.end_epoch()  # a plain loop: the next pass is the next epoch
 
     def _stop_if_preempted(self) -> None:
-        """At a step boundary: after a SIGTERM/SIGUSR1 on any rank, every rank checkpoints
-        (mid-epoch, with the position) and exits with :data:`hvdkit.preempt.EXIT_CODE`."""
-        if self._preempt is None or not self._preempt.step_done():
+        """After each step: whether the ranks agree that a SIGTERM/SIGUSR1 arrived on any of
+        them. The stop itself waits for the script's next call into the session
+        (:meth:`_stop_if_due`): what the script does after the step (a scheduler stepped
+        per batch, a log line) belongs to it and is in the checkpoint."""
+        if self._preempt is not None and self._preempt.step_done():
+            self._stop_due = True
+
+    def _stop_if_due(self) -> None:
+        """At the script's next call into the session after a preempted step (the training
+        loader's next batch or the end of its pass, the next epoch, ``backward_and_step``):
+        every rank checkpoints (mid-epoch, with the position) and exits with
+        :data:`hvdkit.preempt.EXIT_CODE`."""
+        if not self._stop_due or self._preempt is None:
             return
+        self._stop_due = False
         position = {"signal": self._preempt.describe()}
         path = self.save(end_of_epoch=False, **self._extra, **{preempt.EXTRA: position})
         batches = self.position.samples // max(1, self._batch_samples)
@@ -276,6 +291,7 @@ class Session:
         self._in_epochs = True
         try:
             while position.epoch < total:
+                self._stop_if_due()
                 epoch = position.epoch
                 yield epoch
                 position.end_epoch()
@@ -374,6 +390,7 @@ class Session:
         averaged over ranks; the ``zero_grad()`` of the usual loop is skipped in between, so
         the loop stays the same. A ``scaler`` is saved in the session's checkpoints and, when
         resuming, given back its state the first time it is passed here."""
+        self._stop_if_due()
         if scaler is not None:
             self._adapter.take_scaler(scaler)
         # Clipping (``clip_grad_norm``) covers every parameter of the optimizer, those outside
