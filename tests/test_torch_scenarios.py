@@ -1,13 +1,15 @@
 """hvdkit.torch's session against generated scenarios (issue 49): tests/torch_scenarios.py's
-grammar, run by tests/workers/torch_scenario_worker.py as one 2-rank job for many cases, each
-checked against the one-process oracle and the ledger of samples each rank trained.
+grammar, run by tests/workers/torch_scenario_worker.py, many cases to a job (one job per world
+size, then one per size the stopped cases resume at), each checked against the one-process
+oracle and the ledger of samples each rank trained.
 
-- The named cases are the variations issue 49 found giving silent wrong results, kept as
-  regression tests (each failed on 4978094).
-- The generated slice draws ``HVDKIT_SCENARIOS`` cases (default 40) with a seed taken from the
-  commit (``HVDKIT_SCENARIO_SEED`` overrides), so each CI tries other ones; ``make fuzz``
-  runs a campaign of 200. A failing case prints a one-line reproducer; keep it in
-  ``REGRESSIONS``.
+- The named cases are the variations issue 49 found giving silent wrong results, and those the
+  generator found since, kept as regression tests.
+- The generated slice draws ``HVDKIT_SCENARIOS`` cases (default 40), and
+  ``HVDKIT_ELASTIC_SCENARIOS`` with an elastic kill (default 1, a job each: the rejoined worker
+  starts the script anew), with a seed taken from the commit (``HVDKIT_SCENARIO_SEED``
+  overrides), so each CI tries other ones; ``make fuzz`` runs a campaign. A failing case
+  prints a one-line reproducer; keep it in ``REGRESSIONS``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, WORKERS
-from torch_scenarios import Case, cases, check
+from torch_scenarios import Case, cases, check, check_elastic, elastic_cases
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -89,6 +91,18 @@ REGRESSIONS = {
         batch=2,
         samples=17,
     ),  # fmt: skip
+    # an elastic kill (-9 of the second host's worker at step 5, back after the cooldown) with
+    # ZeRO, a validation loader in the epoch and a scheduler the script builds after setup
+    "elastic_kill_zero_scheduler_after_setup": Case(
+        optimizer="adam",
+        shard=True,
+        scheduler="steplr",
+        validation="inside",
+        samples=24,
+        batch=3,
+        epochs=6,
+        elastic_kill=5,
+    ),  # fmt: skip
     # accumulation with model.zero_grad() in the loop dropped the first passes
     "accumulate_model_zero_grad": Case(accumulate=2, zero_grad="model", shard=True),
 }
@@ -135,6 +149,26 @@ def run_job(size: int, items: list[dict], tmp_path: Path, timeout: float) -> lis
     return out_items
 
 
+def run_elastic(case: Case, tmp_path: Path) -> list[str]:
+    """One case with an elastic kill: ``hvdkit run`` on two hosts of this machine
+    (``localhost`` and ``127.0.0.1``), the second one's worker killed -9, its host back after
+    the cooldown; the problems :func:`check_elastic` finds."""
+    hostfile, marker = tmp_path / "hosts", tmp_path / "killed"
+    hostfile.write_text("localhost:1\n127.0.0.1:1\n")
+    spec = tmp_path / "elastic.json"
+    spec.write_text(json.dumps([{"id": 0, "case": asdict(case), "resume": False}]))
+    argv = [HVDKIT, "run", "--hostfile", str(hostfile), "--min-np", "1", "--max-np", "2",
+            "--blacklist-cooldown-range", "1", "2", "--", sys.executable,
+            str(WORKERS / "torch_scenario_worker.py"), str(spec), str(tmp_path)]  # fmt: skip
+    out = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
+                         stdin=subprocess.DEVNULL,
+                         env={**os.environ, "SCENARIO_KILL_MARKER": str(marker)})  # fmt: skip
+    if out.returncode != 0 or not marker.exists():
+        return [f"exit {out.returncode}, killed: {marker.exists()}: {out.stdout[-2000:]}"
+                f"{out.stderr[-2000:]}"]  # fmt: skip
+    return check_elastic(case, records(out.stdout).get(0, {}))
+
+
 def records(stdout: str) -> dict[int, dict[int, dict]]:
     """The worker's ``CASE`` lines, ``{case: {rank: record}}``, from whole lines per rank."""
     from hvdkit.launch.console import Demux
@@ -160,9 +194,15 @@ def report(scenarios: list[Case], problems: list[list[str]], seed: int | None = 
 
 
 def test_the_variations_issue_49_found_train_like_one_process(tmp_path):
-    scenarios = list(REGRESSIONS.values())
+    scenarios = [case for case in REGRESSIONS.values() if not case.elastic_kill]
     problems = run_cases(scenarios, tmp_path)
     assert not any(problems), report(scenarios, problems)
+
+
+@pytest.mark.parametrize("name", [n for n, c in REGRESSIONS.items() if c.elastic_kill])
+def test_the_elastic_variations_train_like_one_process(tmp_path, name):
+    problems = run_elastic(REGRESSIONS[name], tmp_path)
+    assert not problems, report([REGRESSIONS[name]], [problems])
 
 
 def commit_seed() -> int:
@@ -183,9 +223,20 @@ def test_generated_scenarios_train_like_one_process(tmp_path):
     assert not failed, report(scenarios, problems, seed)
 
 
+@pytest.mark.parametrize("number", range(int(os.environ.get("HVDKIT_ELASTIC_SCENARIOS", "1"))))
+def test_generated_elastic_kills_train_like_one_process(tmp_path, number):
+    """Generated cases with an elastic kill, a job each (the rejoined worker starts the script
+    anew), seeded by the commit like the others."""
+    seed = commit_seed()
+    case = elastic_cases(seed, number + 1)[number]
+    print(f"scenario seed {seed}, elastic case {number}: {case}")
+    problems = run_elastic(case, tmp_path)
+    assert not problems, report([case], [problems], seed)
+
+
 @pytest.mark.skipif("HVDKIT_SCENARIO" not in os.environ, reason="a reproducer's case")
 def test_one_case(tmp_path):
     """``HVDKIT_SCENARIO='{...}'``: one case, as a failure's reproducer line gives it."""
     case = Case(**json.loads(os.environ["HVDKIT_SCENARIO"]))
-    problems = run_cases([case], tmp_path)
+    problems = [run_elastic(case, tmp_path)] if case.elastic_kill else run_cases([case], tmp_path)
     assert not problems[0], report([case], problems)

@@ -55,6 +55,7 @@ class Case:
     resume_at: int = 0  # >0: stop after this many batches of the second epoch, then resume
     stop: str = "save"  # "save": save() with the defaults, stop; "preempt": SIGUSR1 to rank 0
     size: int = 2  # ranks of the first run
+    elastic_kill: int = 0  # >0: an elastic session on two hosts, one killed -9 at this step
     resume_size: int = 0  # ranks of the resumed run (0: the same, in the same processes)
     epochs: int = 2
 
@@ -69,6 +70,23 @@ class Case:
         where = f"seed {seed}: " if seed is not None else ""
         spec = json.dumps(asdict(self))
         return f"{where}HVDKIT_SCENARIO='{spec}' pytest tests/test_torch_scenarios.py -k one_case"
+
+
+def elastic_cases(seed: int, count: int) -> list[Case]:
+    """``count`` cases with an elastic kill (each a job of its own: the worker that rejoins
+    starts the script anew): no stop and resume (elastic sessions recover instead), no group
+    added after setup (a joiner adds it after the state it joins with), two ranks, six epochs
+    so that the killed host is back before the end."""
+    out = []
+    for case in cases(seed, count * 4):
+        case = Case(**{**asdict(case), "resume_at": 0, "resume_size": 0, "size": 2,
+                       "late_group": False, "workers": 0, "epochs": 6,
+                       "elastic_kill": 5})  # fmt: skip
+        if case.scheduler == "onecycle":  # sized by len(loader) at 2 ranks: too few at 1
+            case = Case(**{**asdict(case), "scheduler": "steplr"})
+        if len(out) < count and case not in out and batches_per_epoch(case, 1) > 0:
+            out.append(case)
+    return out
 
 
 def cases(seed: int, count: int) -> list[Case]:
@@ -106,6 +124,7 @@ def cases(seed: int, count: int) -> list[Case]:
         resume_at=st.sampled_from([0, 0, 1, 3]),
         stop=st.sampled_from(["save", "preempt"]),
         size=st.sampled_from([2, 2, 2, 1]),
+        elastic_kill=st.just(0),  # drawn by elastic_cases(): a job each
         resume_size=st.sampled_from([0, 0, 1, 2]),
         epochs=st.just(2),
     )
@@ -426,5 +445,42 @@ def check(case: Case, runs: list[dict[int, dict[str, Any]]]) -> list[str]:
         problems.append(f"{final[0]['steps']} optimizer steps, the oracle {expected['steps']}")
     elif not paths_close(final[0]["weights"], expected["weights"], steps=expected["steps"]):
         difference = max_difference(final[0]["weights"], expected["weights"])
+        problems.append(f"weights differ from the oracle's by {difference:.3g}")
+    return problems
+
+
+def check_elastic(case: Case, ranks: dict[int, dict[str, Any]]) -> list[str]:
+    """One elastic case's result: the survivor went back to a commit at 1 rank, then took in
+    the rejoined worker at 2; both end identical and equal to one run that changed size at
+    those steps (the oracle); each epoch trained every sample (the work after the last commit
+    is trained again, so repeats are not counted)."""
+    from workers.tolerance import max_difference, paths_close
+
+    errors = [f"rank {r}: {v['error']}" for r, v in sorted(ranks.items()) if v.get("error")]
+    if errors:
+        return errors
+    if sorted(ranks) != [0, 1]:
+        return [f"results from ranks {sorted(ranks)}"]
+    problems = []
+    if len({json.dumps(v["weights"]) for v in ranks.values()}) != 1:
+        problems.append("the ranks' weights differ")
+    survivor = max(ranks.values(), key=lambda v: len(v["resets"]))
+    resets = survivor["resets"]
+    if [size for _, size in resets] != [1, 2]:
+        return problems + [f"resets {resets}: expected one to 1 rank, then one to 2"]
+    (lost_at, _), (joined_at, _) = resets
+    expected = oracle(case, [(2, lost_at), (1, joined_at), (2, None)])
+    # The killed worker's ledger is gone: the epochs after the one the new worker joined in.
+    joiner = min(ranks.values(), key=lambda v: len(v["resets"]))
+    joined_epoch = min((int(e) for e in joiner["trained"]), default=case.epochs)
+    for epoch in range(joined_epoch + 1, case.epochs):
+        missing = set(range(case.samples))
+        missing -= {i for v in ranks.values() for i in v["trained"].get(str(epoch), [])}
+        if missing and not case.drop_last:
+            problems.append(f"epoch {epoch}: samples never trained: {sorted(missing)}")
+    if survivor["steps"] != expected["steps"]:
+        problems.append(f"{survivor['steps']} optimizer steps, the oracle {expected['steps']}")
+    elif not paths_close(survivor["weights"], expected["weights"], steps=expected["steps"]):
+        difference = max_difference(survivor["weights"], expected["weights"])
         problems.append(f"weights differ from the oracle's by {difference:.3g}")
     return problems

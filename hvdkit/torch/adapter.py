@@ -256,12 +256,7 @@ class TorchAdapter(Adapter):
         if self.scheduler is not None and info["scheduler"] is not None and not self.is_root:
             self.scheduler.load_state_dict(info["scheduler"])
         if self.scheduler is None and info["scheduler"] is not None:
-            # For one the script builds after setup (take_scheduler); building it sets the
-            # groups' LR and momentum to its start, so the resumed ones are kept too.
-            self.scheduler_state = info["scheduler"]
-            self.resumed_groups = copy.deepcopy(
-                [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-            )
+            self._keep_for_scheduler(info["scheduler"])
         if info["world_size"] == hvd.size():
             set_rng_state(info["rng"][hvd.rank()])
         extra: dict[str, Any] | None = info["extra"]
@@ -347,6 +342,18 @@ class TorchAdapter(Adapter):
         self.position.load_state_dict(position["position"])
         if self.scheduler is not None and position["scheduler"] is not None:
             self.scheduler.load_state_dict(position["scheduler"])
+        elif position["scheduler"] is not None:  # a joiner whose script builds it after setup
+            self._keep_for_scheduler(position["scheduler"])
+
+    def _keep_for_scheduler(self, state: dict[str, Any]) -> None:
+        """A resumed (or joined) scheduler state for one the script builds after setup
+        (:meth:`take_scheduler`); building it sets the groups' LR and momentum to its start,
+        so the resumed ones are kept too."""
+        self.scheduler_state = state
+        groups = self.optimizer.param_groups
+        self.resumed_groups = copy.deepcopy(
+            [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        )
 
     def take_scheduler(self, scheduler: Any) -> None:
         """An LR scheduler built after setup: saved in the checkpoints from now on, and given

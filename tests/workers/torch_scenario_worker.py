@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class Script:
         self.session = hvd.setup(
             self.model, optimizer, checkpoint=checkpoint, warmup_steps=case.warmup,
             backward_passes_per_step=case.accumulate, shard_optimizer=case.shard,
-            compression=case.compression,
+            compression=case.compression, elastic=case.elastic_kill > 0, commit_every=3,
         )  # fmt: skip
         late_group(case, self.session.optimizer, self.scale)
         self.loader = self.session.shard(
@@ -86,10 +87,10 @@ class Script:
 def run_case(case: Case, workdir: Path, resume: bool) -> dict[str, Any]:
     """One case's first run (``resume`` False: to the end, resuming in the same processes
     after its save when the size stays) or its resumed run at another size."""
-    ledger: dict[str, Any] = {"trained": {}, "validated": [], "lens": []}
+    ledger: dict[str, Any] = {"trained": {}, "validated": [], "lens": [], "resets": []}
     checkpoint = workdir / "ckpt.pt" if case.resume_at else None
-    if not resume:
-        if checkpoint is not None and checkpoint.exists() and hvd.rank() == 0:
+    if not resume and checkpoint is not None:
+        if checkpoint.exists() and hvd.rank() == 0:
             checkpoint.unlink()
         # Every rank looks for the file after rank 0 removed it.
         hvd.allreduce(torch.zeros(1), name="scenario.fresh")
@@ -127,9 +128,12 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
     epochs = (
         session.epochs(case.epochs) if case.loop == "epochs" else range(session.epoch, case.epochs)
     )
+    generation = 0
     for epoch in epochs:
         unfreeze(case, script.model, epoch)
         for k, (x, y, index) in enumerate(script.loader):
+            if case.elastic_kill:
+                generation = elastic_events(case, session, ledger, generation)
             ledger["trained"].setdefault(str(session.epoch), []).extend(index.tolist())
             if case.zero_grad == "model":
                 session.model.zero_grad()
@@ -162,6 +166,24 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
         if case.validation == "after":
             script.validate(ledger)
     return False
+
+
+def elastic_events(case: Case, session: Any, ledger: dict[str, Any], generation: int) -> int:
+    """Before a batch of an elastic case: a reset since the last one is logged ([step it went
+    back to, size]); the worker on the second host kills itself (-9) at ``elastic_kill``,
+    once (a marker file says it happened); each step takes 0.3 s, so the killed host is back
+    before training ends."""
+    if session._elastic.generation != generation:
+        generation = session._elastic.generation
+        ledger["resets"].append([session.step_count, session.size])
+    marker = Path(os.environ["SCENARIO_KILL_MARKER"])
+    second_host = os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
+    at_kill = session.step_count == case.elastic_kill and not session.position.micro_step
+    if at_kill and second_host and not marker.exists():
+        marker.write_text(json.dumps({"step": case.elastic_kill}))
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.3)
+    return generation
 
 
 def main() -> None:
