@@ -85,17 +85,18 @@ test-all: setup engines docs-deps
 	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory matrix
 
-# A campaign of generated scenarios (issue 49): FUZZ_CASES cases of each generator (and
-# FUZZ_ELASTIC torch cases with an elastic kill, a job each), seeded by
-# FUZZ_SEED (default: the time; the seed is printed), each checked against one process and a
-# ledger of the samples each rank trained. A failure prints a one-line reproducer.
+# A campaign of generated scenarios (issue 49): FUZZ_CASES cases of each generator (the torch
+# session's, and Session.fit's on each Keras backend; and FUZZ_ELASTIC torch cases with an
+# elastic kill, a job each), seeded by FUZZ_SEED (default: the time; the seed is printed),
+# each checked against one process and a ledger of the samples each rank trained. A failure
+# prints a one-line reproducer.
 FUZZ_CASES ?= 200
 FUZZ_ELASTIC ?= 5
 FUZZ_SEED ?= $(shell date +%s)
 fuzz: setup engines
-	HVDKIT_SCENARIOS=$(FUZZ_CASES) HVDKIT_SCENARIO_SEED=$(FUZZ_SEED) \
+	HVDKIT_SCENARIOS=$(FUZZ_CASES) HVDKIT_SCENARIO_SEED=$(FUZZ_SEED) HVDKIT_SCENARIO_WORKERS=1 \
 	  HVDKIT_ELASTIC_SCENARIOS=$(FUZZ_ELASTIC) $(BIN)/python -m pytest -s \
-	  tests/test_torch_scenarios.py -k generated $(PYTEST_ARGS)
+	  tests/test_torch_scenarios.py tests/test_keras_scenarios.py -k generated $(PYTEST_ARGS)
 
 # The compatibility matrix (tests/matrix.py): fresh venvs per cell, as a user installs;
 # MATRIX_ARGS="--cells py312-tf221" picks cells, "--list" lists them.

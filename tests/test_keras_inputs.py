@@ -43,9 +43,9 @@ def test_fit_shards_every_input_kind_like_one_process_on_the_global_batch(backen
 # (tests/workers/keras_inputs_ledger_worker.py): one job per backend for the four items.
 LEDGER = {
     "tensorflow": ["shuffled-tf.data", "unknown-tf.data", "finite-generator",
-                   "dict-sample-weight", "list-inputs"],
+                   "dict-sample-weight", "list-inputs", "validation-split"],
     "torch": ["subset-sampler", "weighted-sampler", "finite-generator", "dict-sample-weight",
-              "list-inputs"],
+              "list-inputs", "validation-split"],
 }  # fmt: skip
 ROWS = 110  # as in the worker
 
@@ -135,3 +135,15 @@ def test_sample_weight_lists_and_multi_input_arrays_are_sharded(spec, tf_ledger,
     the same weights."""
     for ledger in (tf_ledger, torch_ledger):
         assert [counts(ids) for ids in epochs_of(ledger[spec])] == [[1] * ROWS] * 2
+
+
+def test_validation_split_holds_out_the_rows_one_process_holds_out(tf_ledger, torch_ledger):
+    """fit(x, y, validation_split=0.1) on 111 rows: one process trains rows 0-98 and validates
+    99-110. Split per rank's shard, row 99 was trained too. Now: the validation rows never
+    trained, each training row once an epoch (plus one padding row), the weights one
+    process's on the global batches, and val_loss one process's on the held-out rows."""
+    for ledger in (tf_ledger, torch_ledger):
+        ranks = ledger["validation-split"]
+        for ids in epochs_of(ranks):
+            assert sorted(set(ids)) == list(range(99)) and len(ids) == 100, ids
+        assert all(one["val_close"] for one in ranks), ranks

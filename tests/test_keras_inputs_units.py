@@ -1,5 +1,6 @@
-"""hvdkit.keras.inputs in one process: the index arithmetic, and every input Session.fit
-cannot shard evenly refused with the fix (before any rank starts a step)."""
+"""hvdkit.keras.inputs (with tf_pipeline, torch_loader and shares) in one process: the index
+arithmetic, and every input Session.fit cannot shard evenly refused with the fix (before any
+rank starts a step)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 keras = pytest.importorskip("keras")
-from hvdkit.keras import inputs  # noqa: E402
+from hvdkit.keras import inputs, shares, tf_pipeline, torch_loader  # noqa: E402
 from hvdkit.keras.inputs import InputError, ShardedPyDataset, shard_input  # noqa: E402
 
 
@@ -24,9 +25,9 @@ class Numbered(keras.utils.PyDataset):
 
 
 def test_each_rank_takes_ceil_n_over_size_batches_interleaved_and_wrapping():
-    assert [inputs.steps(n, 2) for n in (4, 5, 1)] == [2, 3, 1]
-    assert [inputs.source_batch(i, 1, 2, 5) for i in range(3)] == [1, 3, 0]
-    assert [inputs.source_batch(i, 0, 3, None) for i in range(3)] == [0, 3, 6]
+    assert [shares.steps(n, 2) for n in (4, 5, 1)] == [2, 3, 1]
+    assert [shares.source_batch(i, 1, 2, 5) for i in range(3)] == [1, 3, 0]
+    assert [shares.source_batch(i, 0, 3, None) for i in range(3)] == [0, 3, 6]
     mine = ShardedPyDataset(Numbered(5), rank=1, size=2, steps_per_epoch=None, workers=3)
     assert mine.num_batches == 3 and mine.workers == 3 and not mine.use_multiprocessing
     assert [int(mine[i][0][0, 0]) for i in range(3)] == [1, 3, 0]
@@ -104,17 +105,17 @@ def test_torch_inputs_that_a_distributed_sampler_cannot_split_are_refused():
 
 
 def test_rows_indices_and_generator_items_are_padded_to_equal_shares():
-    assert [inputs.shard_rows(5, r, 2).tolist() for r in (0, 1)] == [[0, 2, 4], [1, 3, 1]]
-    assert [inputs.shard_rows(1, r, 3).tolist() for r in range(3)] == [[0], [0], [0]]
-    assert [inputs.rank_indices([7, 8, 9], r, 2) for r in (0, 1)] == [[7, 9], [8, 7]]
-    assert inputs.rank_indices([5], 2, 3) == [5] and inputs.rank_indices([], 0, 2) == []
+    assert [shares.shard_rows(5, r, 2).tolist() for r in (0, 1)] == [[0, 2, 4], [1, 3, 1]]
+    assert [shares.shard_rows(1, r, 3).tolist() for r in range(3)] == [[0], [0], [0]]
+    assert [shares.rank_indices([7, 8, 9], r, 2) for r in (0, 1)] == [[7, 9], [8, 7]]
+    assert shares.rank_indices([5], 2, 3) == [5] and shares.rank_indices([], 0, 2) == []
     # A generator's length shows only at its end: the ranks short of an item in the last
     # round take one of the first items, so all run out at the same step (issue 49, item 10).
-    shares = [list(inputs.balanced(iter(range(11)), r, 2)) for r in (0, 1)]
-    assert shares == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 0]]
-    shares = [list(inputs.balanced(iter(range(4)), r, 3)) for r in range(3)]
-    assert shares == [[0, 3], [1, 0], [2, 1]]  # as source_batch wraps: 4 % 4 = 0, 5 % 4 = 1
-    assert [list(inputs.balanced(iter([]), r, 2)) for r in (0, 1)] == [[], []]
+    split = [list(shares.balanced(iter(range(11)), r, 2)) for r in (0, 1)]
+    assert split == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 0]]
+    split = [list(shares.balanced(iter(range(4)), r, 3)) for r in range(3)]
+    assert split == [[0, 3], [1, 0], [2, 1]]  # as source_batch wraps: 4 % 4 = 0, 5 % 4 = 1
+    assert [list(shares.balanced(iter([]), r, 2)) for r in (0, 1)] == [[], []]
 
 
 def test_arrays_dicts_lists_and_sample_weight_are_sharded_by_the_same_rows():
@@ -136,6 +137,31 @@ def test_arrays_dicts_lists_and_sample_weight_are_sharded_by_the_same_rows():
         shard_input(x, np.zeros(9), {}, 0, 2)
     with pytest.raises(InputError, match=r"sample_weight: 4\).*one row per sample"):
         shard_input(np.zeros((10, 1)), np.zeros(10), {"sample_weight": np.ones(4)}, 0, 2)
+
+
+def test_validation_split_holds_out_the_last_rows_of_the_whole_arrays():
+    """fit(validation_split=f) split each rank's shard, so a row one process holds out (the
+    last f of x, before any shuffle) was trained on some rank: 111 rows, f=0.1, the shards'
+    split trained row 99. The whole arrays are split first (Keras's rule, floor(n * (1 - f))
+    rows train), then the training part is sharded (padded) and the validation part split
+    between the ranks unpadded, so the averaged metrics count each row once."""
+    x = {"a": np.arange(111.0)[:, None]}
+    given = {"validation_split": 0.1, "sample_weight": np.arange(111.0), "epochs": 1}
+    parts = [shard_input(x, np.arange(111), given, r, 2) for r in (0, 1)]
+    assert sorted({int(v) for p in parts for v in p.x["a"][:, 0]}) == list(range(99))
+    assert [len(p.y) for p in parts] == [50, 50]  # 99 rows: one padding row
+    assert all("validation_split" not in p.kwargs and p.kwargs["epochs"] == 1 for p in parts)
+    held = [p.kwargs["validation_data"] for p in parts]
+    assert sorted(v for h in held for v in h[1].tolist()) == list(range(99, 111))
+    assert all(h[0]["a"][:, 0].tolist() == h[1].tolist() == h[2].tolist() for h in held)
+    assert shares.validation_rows(1, 1, 2).tolist() == [0]  # too few to split: every rank all
+    assert shares.validation_rows(5, 1, 2, everyone=True).tolist() == [0, 1, 2, 3, 4]  # JAX
+    own = shard_input(x, None, {"validation_split": 0.5, "validation_data": (x, None)}, 0, 2)
+    assert own.kwargs["validation_split"] == 0.5 and len(own.x["a"]) == 56  # Keras ignores it
+    with pytest.raises(InputError, match=r"validation_split=0.999\): 111 samples leave 0 to "):
+        shard_input(x, None, {"validation_split": 0.999}, 0, 2)
+    data = Numbered(4)  # Keras refuses validation_split for what it cannot slice; so it stays
+    assert shard_input(data, None, {"validation_split": 0.2}, 0, 2).kwargs["validation_split"]
 
 
 def pipeline(tf, n, mapped, seed=None):
@@ -163,8 +189,8 @@ def test_a_shuffled_tf_data_pipeline_is_sharded_at_its_source():
         assert sorted(ranks[0] + ranks[1]) == sorted([*range(21), 0])
     assert epochs[0][0] != epochs[1][0]  # reshuffled each epoch (one chance in 11! otherwise)
     assert sorted(mapped) == sorted(2 * [*range(21), 0])  # 2 epochs of each share, no more
-    graph, _ = inputs._graph_of(pipeline(tf, 21, []))
-    assert inputs.shard_cut(graph).op == "TensorSliceDataset"
+    graph, _ = tf_pipeline._graph_of(pipeline(tf, 21, []))
+    assert tf_pipeline.shard_cut(graph).op == "TensorSliceDataset"
 
 
 def test_a_pipeline_below_its_cut_must_run_the_same_on_every_rank():
@@ -187,8 +213,8 @@ def test_a_pipeline_below_its_cut_must_run_the_same_on_every_rank():
     files = tf.data.Dataset.list_files(__file__).interleave(tf.data.TextLineDataset)
     with pytest.raises(InputError, match=r"without a seed.*below interleave"):
         shard_input(files, None, {"steps_per_epoch": 2}, 0, 2)
-    graph, _ = inputs._graph_of(data.cache("/nonexistent/cache").batch(2))
-    assert inputs.shard_cut(graph).op == "CacheDatasetV2"  # a file cache is not split
+    graph, _ = tf_pipeline._graph_of(data.cache("/nonexistent/cache").batch(2))
+    assert tf_pipeline.shard_cut(graph).op == "CacheDatasetV2"  # a file cache is not split
 
     def differ(view):  # another rank read other data
         return [view, ("other", None, None)]
@@ -246,7 +272,7 @@ def test_a_torch_loader_keeps_its_own_sampler_sharded_between_the_ranks():
     own = torch.Generator().manual_seed(3)
     sampler = SubsetRandomSampler(train, generator=own)
     state = own.get_state()
-    inputs._probe(sampler)
+    torch_loader._probe(sampler)
     assert torch.equal(own.get_state(), state)  # the probe leaves training's draws alone
 
     def differ(view):  # a rank that split its rows at random with its own seed

@@ -15,6 +15,8 @@ import pytest
 from conftest import ROOT, WORKERS, interruptible, results
 from test_private_env_units import bash_as_sh
 
+from hvdkit.launch.output import NO_REASON
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 WORKER = str(WORKERS / "launch_worker.py")
@@ -168,10 +170,10 @@ def test_an_allocation_host_that_cannot_be_reached_is_named_at_once():
                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
                          stdin=subprocess.DEVNULL)  # fmt: skip
     assert out.returncode != 0
-    assert (
-        "hvdkit run: no rank started: cannot reach hvdkit-nohost (ssh: Could not resolve "
-        "hostname hvdkit-nohost" in out.stderr
-    ), out.stderr[-2000:]
+    # ssh's own reason; on a loaded machine ssh may print none before the check gives up.
+    reasons = ("ssh: Could not resolve hostname hvdkit-nohost", NO_REASON)
+    assert any(f"hvdkit run: no rank started: cannot reach hvdkit-nohost ({why}" in out.stderr
+               for why in reasons), out.stderr[-2000:]  # fmt: skip
     assert "Traceback" not in out.stderr
 
 

@@ -80,12 +80,22 @@ class RankOutput:
         for i, line in enumerate(lines):
             match = _UNREACHABLE.match(line)
             if match:
-                reason = next((x.strip() for x in lines[i + 1 : i + 3] if x.strip()), "")
-                found[match.group(1)] = reason or "no reason given"
+                found[match.group(1)] = _reason(lines[i + 1 :]) or "no reason given"
         return found
 
     def tail(self, rank: int, lines: int = 10) -> list[str]:
         return list(self.stderr.get(rank, ()))[-lines:]
+
+
+NO_REASON = "ssh printed no reason: it may have timed out resolving or connecting"
+
+
+def _reason(after: list[str]) -> str:
+    """ssh's reason: the first line after horovodrun's. Where ssh printed nothing (on a
+    loaded machine the check can give up first), the next line is the start of horovodrun's
+    own traceback, which is not a reason."""
+    first = next((x.strip() for x in after[:3] if x.strip()), "")
+    return NO_REASON if first.startswith("Traceback") else first
 
 
 def failure_message(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 
 import keras
@@ -21,6 +22,9 @@ from hvdkit.keras import backend
 
 LR = 0.05
 ROWS, BATCH = 110, 10  # item 10's numbers: 11 batches over 2 ranks
+# validation_split: 111 rows, the last 12 held out (floor(111 * 0.9) = 99 train); split per
+# rank (56 rows, 50 train each), rows 0-99 trained: row 99, held out by one process, too.
+SPLIT_ROWS, SPLIT = 111, 0.1
 
 
 class Ledger(keras.layers.Layer):
@@ -47,6 +51,7 @@ class Book(keras.callbacks.Callback):
     def __init__(self, ledger):
         super().__init__()
         self.ledger, self.steps, self.epochs = ledger, [], []
+        self.val_loss = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epochs.append(len(self.steps))  # the step each epoch starts at
@@ -125,6 +130,11 @@ def fit(spec, session, x, y, weight, book, mapped):
 
         session.fit(batches(), steps_per_epoch=4, epochs=3, **common)
         return 3
+    if spec == "validation-split":
+        history = session.fit(x, y, validation_split=SPLIT, batch_size=BATCH // size, epochs=2,
+                              **common)  # fmt: skip
+        book.val_loss = history.history["val_loss"][-1]
+        return 2
     extra = x[:, 1:] * 2
     labels = [float(v) for v in y[:, 0]]  # a Python list, as Keras 2 took
     if spec == "dict-sample-weight":
@@ -152,11 +162,14 @@ def oracle(spec, n, x, y, weight, global_steps):
         inputs = {"one": main, "dict": {"main": main, "extra": extra}, "list": [main, extra]}
         sw = weight[ids] if spec == "dict-sample-weight" else None
         model.train_on_batch(inputs[kind], y[ids], sample_weight=sw)
-    return trainable(model)
+    if spec != "validation-split":
+        return trainable(model), None
+    at = math.floor(n * (1 - SPLIT))
+    return trainable(model), model.evaluate(x[at:], y[at:], verbose=0)
 
 
 def run(spec):
-    n = ROWS
+    n = SPLIT_ROWS if spec == "validation-split" else ROWS
     x, y, weight = data(n)
     kind = {"dict-sample-weight": "dict", "list-inputs": "list"}.get(spec, "one")
     model, ledger = model_for(n, kind)
@@ -180,11 +193,13 @@ def run(spec):
     }
     if len({len(steps) for steps in ledgers}) == 1:
         global_steps = [sum(batches, []) for batches in zip(*ledgers, strict=True)]
-        expected = oracle(spec, n, x, y, weight, global_steps)
+        expected, val_loss = oracle(spec, n, x, y, weight, global_steps)
         result |= {
             "oracle_close": paths_close(mine, expected, "float32", len(global_steps)),
             "difference": max_difference(mine, expected),
         }
+        if book.val_loss is not None:  # on the held-out rows, with the last weights
+            result["val_close"] = paths_close(book.val_loss, val_loss, "float32", len(global_steps))
     return result
 
 
