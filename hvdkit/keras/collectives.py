@@ -11,6 +11,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from hvdkit.first_axis import zero_d_error
 from hvdkit.keras import backend
 
 
@@ -31,10 +32,8 @@ def _split_tensor(op: str, value: Any) -> Any:
     Horovod would crash the process (``alltoall``) or fail obscurely (``allgather`` on torch)."""
     tensor = _tensor(value)
     if getattr(tensor, "ndim", None) == 0:
-        raise ValueError(
-            f"hvd.{op}: the tensor is 0-d (a scalar), and {op} splits or joins tensors along "
-            f"their first axis. Fix: give it one, e.g. hvd.{op}(keras.ops.reshape(x, [1]))"
-        )
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        raise zero_d_error(op, dtype, "keras.ops.reshape({x}, [1])")
     return tensor
 
 

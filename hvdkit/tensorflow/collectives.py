@@ -27,6 +27,8 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow import global_process_set
 
+from hvdkit.first_axis import check_first, zero_d_error
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 NEEDS_FIRST_AXIS = ("allgather", "grouped_allgather", "alltoall")
@@ -54,14 +56,8 @@ def refuse_0d(op: str, value: Any, index: int | None = None) -> None:
     rank = tf.TensorShape(shape).rank if shape is not None else np.ndim(value)
     if rank != 0:
         return
-    which = "the tensor" if index is None else f"tensors[{index}]"
-    fix = f"hvd.{op}(tf.reshape(x, [1]))" if index is None else f"tf.reshape(tensors[{index}], [1])"
     dtype = getattr(getattr(value, "dtype", None), "name", None) or type(value).__name__
-    raise ValueError(
-        f"hvd.{op}: {which} is 0-d (a scalar of dtype {dtype}), and {op} splits or joins "
-        f"tensors along their first axis (Horovod would crash or fail obscurely on it). Fix: "
-        f"give it one, e.g. {fix}"
-    )
+    raise zero_d_error(op, dtype, "tf.reshape({x}, [1])", index)
 
 
 def _first_unwrapped(horovod_fn: F) -> F:
@@ -69,7 +65,6 @@ def _first_unwrapped(horovod_fn: F) -> F:
     (``tensor``; ``tensors`` or ``variables`` of the ops that take several), refusing 0-d
     tensors first where the op needs a first axis."""
     op = horovod_fn.__name__
-    grouped = op.startswith("grouped_")
     key = next(iter(inspect.signature(horovod_fn).parameters))  # tensor, tensors, variables
 
     @functools.wraps(horovod_fn)
@@ -79,12 +74,7 @@ def _first_unwrapped(horovod_fn: F) -> F:
         elif key in kwargs:
             kwargs[key] = tf_variables(kwargs[key])
         if op in NEEDS_FIRST_AXIS:
-            first = args[0] if args else kwargs.get(key)
-            if grouped and isinstance(first, (list, tuple)):
-                for index, value in enumerate(first):
-                    refuse_0d(op, value, index)
-            else:
-                refuse_0d(op, first)
+            check_first(op, args[0] if args else kwargs.get(key), refuse_0d)
         return horovod_fn(*args, **kwargs)
 
     call.__module__ = __name__

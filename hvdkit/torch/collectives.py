@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import horovod.torch as _hvd
 import torch
 
+from hvdkit.first_axis import check_first, zero_d_error
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -27,30 +29,19 @@ def refuse_0d(op: str, tensor: Any, index: int | None = None) -> None:
     grouped op); anything else passes."""
     if not (torch.is_tensor(tensor) and tensor.dim() == 0):
         return
-    which = "the tensor" if index is None else f"tensors[{index}]"
-    fix = f"hvd.{op}(x.reshape(1))" if index is None else f"tensors[{index}].reshape(1)"
     dtype = str(tensor.dtype).removeprefix("torch.")
-    raise ValueError(
-        f"hvd.{op}: {which} is 0-d (a scalar of dtype {dtype}), and {op} splits or joins "
-        f"tensors along their first axis (Horovod would crash or fail obscurely on it). Fix: "
-        f"give it one, e.g. {fix}"
-    )
+    raise zero_d_error(op, dtype, "{x}.reshape(1)", index)
 
 
 def _first_axis_needed(horovod_fn: F) -> F:
     """``horovod_fn`` (whose first parameter is ``tensor``, or ``tensors`` for a grouped op),
     refusing 0-d tensors first."""
     op = horovod_fn.__name__
-    grouped = op.startswith("grouped_")
+    key = "tensors" if op.startswith("grouped_") else "tensor"
 
     @functools.wraps(horovod_fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        first = args[0] if args else kwargs.get("tensors" if grouped else "tensor")
-        if grouped and isinstance(first, (list, tuple)):
-            for index, tensor in enumerate(first):
-                refuse_0d(op, tensor, index)
-        else:
-            refuse_0d(op, first)
+        check_first(op, args[0] if args else kwargs.get(key), refuse_0d)
         return horovod_fn(*args, **kwargs)
 
     call.__module__ = __name__
