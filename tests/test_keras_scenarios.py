@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from keras_scenarios import (
     pass_counts,
     train_rows,
 )
+from scenario_harness import commit_seed, records, report
 
 COUNT = int(os.environ.get("HVDKIT_SCENARIOS", "15"))  # generated cases per backend
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600 + 30 * COUNT)]
@@ -143,30 +143,6 @@ def run_oracles(wanted: list[dict], where: Path, env: dict, timeout: float) -> d
     return {item["id"]: found.get(item["id"], {"error": tail}) for item in wanted}
 
 
-def records(stdout: str, tag: str) -> dict[int, dict[int, dict]]:
-    """The worker's ``tag`` lines, ``{case: {rank: record}}``, from whole lines per rank."""
-    from hvdkit.launch.console import Demux
-
-    demux = Demux()
-    decoder = json.JSONDecoder()
-    found: dict[int, dict[int, dict]] = {}
-    for piece in demux.feed(stdout, "stdout") + demux.flush():
-        start = piece.text.find(tag)
-        while start != -1:
-            value, end = decoder.raw_decode(piece.text, start + len(tag))
-            found.setdefault(value["case"], {})[value.get("rank", 0)] = value
-            start = piece.text.find(tag, end)
-    return found
-
-
-def report(scenarios: list[Case], problems: list[list[str]], seed: int | None = None) -> str:
-    lines = []
-    for case, found in zip(scenarios, problems, strict=True):
-        if found:
-            lines.append(f"{case}\n    " + "\n    ".join(found) + f"\n    {case.reproducer(seed)}")
-    return "\n".join(lines)
-
-
 def test_the_grammar_draws_every_kind_reproducibly_and_the_shares_cover_each_sample():
     """The pure part, in this process: a seed draws the same cases, a slice of 15 holds every
     input kind, and each drawn case's shares hold every training sample once an epoch with
@@ -187,13 +163,6 @@ def test_the_variations_found_train_like_one_process(backend, tmp_path):
     scenarios = [replace(case, backend=backend) for case in REGRESSIONS.values()]
     problems = run_cases(backend, scenarios, tmp_path)
     assert not any(problems), report(scenarios, problems)
-
-
-def commit_seed() -> int:
-    if "HVDKIT_SCENARIO_SEED" in os.environ:
-        return int(os.environ["HVDKIT_SCENARIO_SEED"])
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return zlib.crc32((head.stdout.strip() or "no commit").encode())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

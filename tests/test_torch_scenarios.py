@@ -18,12 +18,12 @@ import json
 import os
 import subprocess
 import sys
-import zlib
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, WORKERS
+from scenario_harness import commit_seed, records, report
 from torch_scenarios import Case, cases, check, check_elastic, elastic_cases
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
@@ -169,30 +169,6 @@ def run_elastic(case: Case, tmp_path: Path) -> list[str]:
     return check_elastic(case, records(out.stdout).get(0, {}))
 
 
-def records(stdout: str) -> dict[int, dict[int, dict]]:
-    """The worker's ``CASE`` lines, ``{case: {rank: record}}``, from whole lines per rank."""
-    from hvdkit.launch.console import Demux
-
-    demux = Demux()
-    decoder = json.JSONDecoder()
-    found: dict[int, dict[int, dict]] = {}
-    for piece in demux.feed(stdout, "stdout") + demux.flush():
-        start = piece.text.find("CASE ")
-        while start != -1:
-            value, end = decoder.raw_decode(piece.text, start + len("CASE "))
-            found.setdefault(value["case"], {})[value["rank"]] = value
-            start = piece.text.find("CASE ", end)
-    return found
-
-
-def report(scenarios: list[Case], problems: list[list[str]], seed: int | None = None) -> str:
-    lines = []
-    for case, found in zip(scenarios, problems, strict=True):
-        if found:
-            lines.append(f"{case}\n    " + "\n    ".join(found) + f"\n    {case.reproducer(seed)}")
-    return "\n".join(lines)
-
-
 def test_the_variations_issue_49_found_train_like_one_process(tmp_path):
     scenarios = [case for case in REGRESSIONS.values() if not case.elastic_kill]
     problems = run_cases(scenarios, tmp_path)
@@ -203,13 +179,6 @@ def test_the_variations_issue_49_found_train_like_one_process(tmp_path):
 def test_the_elastic_variations_train_like_one_process(tmp_path, name):
     problems = run_elastic(REGRESSIONS[name], tmp_path)
     assert not problems, report([REGRESSIONS[name]], [problems])
-
-
-def commit_seed() -> int:
-    if "HVDKIT_SCENARIO_SEED" in os.environ:
-        return int(os.environ["HVDKIT_SCENARIO_SEED"])
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return zlib.crc32((head.stdout.strip() or "no commit").encode())
 
 
 def test_generated_scenarios_train_like_one_process(tmp_path):

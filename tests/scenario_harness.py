@@ -1,0 +1,48 @@
+"""What the scenario generators' tests share (tests/test_torch_scenarios.py,
+tests/test_keras_scenarios.py): the seed a CI draws its cases with, reading the workers'
+records back from a job's output, and the report of the failing cases with their
+reproducers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import zlib
+from typing import Any
+
+from conftest import ROOT
+
+
+def commit_seed() -> int:
+    """``HVDKIT_SCENARIO_SEED``, else the checked-out commit's: each CI tries other cases."""
+    if "HVDKIT_SCENARIO_SEED" in os.environ:
+        return int(os.environ["HVDKIT_SCENARIO_SEED"])
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return zlib.crc32((head.stdout.strip() or "no commit").encode())
+
+
+def records(stdout: str, tag: str = "CASE ") -> dict[int, dict[int, dict]]:
+    """The worker's ``tag`` lines, ``{case: {rank: record}}``, from whole lines per rank
+    (hvdkit's own Demux: MPI tags each piece a rank writes and cuts long lines)."""
+    from hvdkit.launch.console import Demux
+
+    demux = Demux()
+    decoder = json.JSONDecoder()
+    found: dict[int, dict[int, dict]] = {}
+    for piece in demux.feed(stdout, "stdout") + demux.flush():
+        start = piece.text.find(tag)
+        while start != -1:
+            value, end = decoder.raw_decode(piece.text, start + len(tag))
+            found.setdefault(value["case"], {})[value.get("rank", 0)] = value
+            start = piece.text.find(tag, end)
+    return found
+
+
+def report(scenarios: list[Any], problems: list[list[str]], seed: int | None = None) -> str:
+    """Each failing case, its problems and its one-line reproducer."""
+    lines = []
+    for case, found in zip(scenarios, problems, strict=True):
+        if found:
+            lines.append(f"{case}\n    " + "\n    ".join(found) + f"\n    {case.reproducer(seed)}")
+    return "\n".join(lines)
