@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import threading
+import time
 import zlib
 from typing import Any
 
@@ -46,3 +49,37 @@ def report(scenarios: list[Any], problems: list[list[str]], seed: int | None = N
         if found:
             lines.append(f"{case}\n    " + "\n    ".join(found) + f"\n    {case.reproducer(seed)}")
     return "\n".join(lines)
+
+
+def watched(argv: list[str], env: dict | None, case_timeout: float) -> tuple[str, str, bool]:
+    """Run ``argv``; stopped (SIGHUP: ``hvdkit run`` stops its ranks) when no case ends for
+    ``case_timeout`` seconds. Its stdout, stderr, and whether it was stopped."""
+    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    last = [time.monotonic()]
+
+    def read(name: str) -> None:
+        for line in getattr(proc, name):
+            lines[name].append(line)
+            if "CASE " in line:
+                last[0] = time.monotonic()
+
+    readers = [threading.Thread(target=read, args=(n,), daemon=True) for n in lines]
+    for reader in readers:
+        reader.start()
+    hung = False
+    while proc.poll() is None:
+        if time.monotonic() - last[0] > case_timeout:
+            hung = True
+            proc.send_signal(signal.SIGHUP)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            break
+        time.sleep(1)
+    proc.wait()
+    for reader in readers:
+        reader.join(10)
+    return "".join(lines["stdout"]), "".join(lines["stderr"]), hung

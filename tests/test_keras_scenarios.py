@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -37,7 +34,7 @@ from keras_scenarios import (
     pass_counts,
     train_rows,
 )
-from scenario_harness import commit_seed, records, report
+from scenario_harness import commit_seed, records, report, watched
 
 COUNT = int(os.environ.get("HVDKIT_SCENARIOS", "15"))  # generated cases per backend
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600 + 30 * COUNT)]
@@ -83,7 +80,7 @@ def run_job(items: list[dict], where: Path, env: dict) -> list:
         spec.write_text(json.dumps(rest))
         argv = [HVDKIT, "run", "-np", str(SIZE), "--gloo", "--", sys.executable, WORKER,
                 str(spec), str(where)]  # fmt: skip
-        stdout, stderr, hung = watched(argv, env)
+        stdout, stderr, hung = watched(argv, env, CASE_TIMEOUT)
         by_id = records(stdout, "CASE ")
         done = [item for item in rest[: len(by_id)] if item["id"] in by_id]
         out_items += [(item["id"], by_id[item["id"]]) for item in done]
@@ -93,40 +90,6 @@ def run_job(items: list[dict], where: Path, env: dict) -> list:
             error = {r: {"error": f"{why}: {tail}"} for r in range(SIZE)}
             out_items.append((rest[len(done)]["id"], error))
     return out_items
-
-
-def watched(argv: list[str], env: dict) -> tuple[str, str, bool]:
-    """Run ``argv``; stopped (SIGHUP: ``hvdkit run`` stops its ranks) when no case ends for
-    ``CASE_TIMEOUT`` seconds. Its stdout, stderr, and whether it was stopped."""
-    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
-    lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
-    last = [time.monotonic()]
-
-    def read(name: str) -> None:
-        for line in getattr(proc, name):
-            lines[name].append(line)
-            if "CASE " in line:
-                last[0] = time.monotonic()
-
-    readers = [threading.Thread(target=read, args=(n,), daemon=True) for n in lines]
-    for reader in readers:
-        reader.start()
-    hung = False
-    while proc.poll() is None:
-        if time.monotonic() - last[0] > CASE_TIMEOUT:
-            hung = True
-            proc.send_signal(signal.SIGHUP)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            break
-        time.sleep(1)
-    proc.wait()
-    for reader in readers:
-        reader.join(10)
-    return "".join(lines["stdout"]), "".join(lines["stderr"]), hung
 
 
 def run_oracles(wanted: list[dict], where: Path, env: dict, timeout: float) -> dict[int, dict]:

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, WORKERS
-from scenario_harness import commit_seed, records, report
+from scenario_harness import commit_seed, records, report, watched
 from torch_scenarios import Case, cases, check, check_elastic, elastic_cases
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+CASE_TIMEOUT = 180  # seconds without a case's end: the job is stopped and the case named
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
 REGRESSIONS = {
@@ -108,7 +109,7 @@ REGRESSIONS = {
 }
 
 
-def run_cases(scenarios: list[Case], tmp_path: Path, timeout: float = 600) -> list[list[str]]:
+def run_cases(scenarios: list[Case], tmp_path: Path) -> list[list[str]]:
     """Run ``scenarios``, each case's problems (empty: fine). One job per world size runs the
     first runs of every case at that size; one job per size runs the resumed runs of the cases
     that resume at another size."""
@@ -119,14 +120,15 @@ def run_cases(scenarios: list[Case], tmp_path: Path, timeout: float = 600) -> li
                      for i, c in enumerate(scenarios)
                      if c.sizes[-1 if resume else 0] == size
                      and (not resume or "stopped_at" in runs[i][0].get(0, {}))]  # fmt: skip
-            for item, ranks in run_job(size, items, tmp_path, timeout):
+            for item, ranks in run_job(size, items, tmp_path):
                 runs[item["id"]].append(ranks)
     return [check(case, runs[i]) for i, case in enumerate(scenarios)]
 
 
-def run_job(size: int, items: list[dict], tmp_path: Path, timeout: float) -> list:
+def run_job(size: int, items: list[dict], tmp_path: Path) -> list:
     """``items`` in ``hvdkit run -np SIZE`` jobs: ``(item, {rank: record})`` for each. A case
-    that raises ends its job: the items after it run in another."""
+    that raises ends its job: the items after it run in another; one that gives no record for
+    ``CASE_TIMEOUT`` s is stopped (``hvdkit run`` stops its ranks) and named."""
     out_items: list = []
     while len(out_items) < len(items):
         rest = items[len(out_items) :]
@@ -134,18 +136,21 @@ def run_job(size: int, items: list[dict], tmp_path: Path, timeout: float) -> lis
         spec.write_text(json.dumps(rest))
         argv = [HVDKIT, "run", "-np", str(size), "--gloo", "--", sys.executable,
                 str(WORKERS / "torch_scenario_worker.py"), str(spec), str(tmp_path)]  # fmt: skip
-        out = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)  # fmt: skip
-        by_id = records(out.stdout)
-        if not by_id:
-            tail = f"{out.stdout[-1500:]}{out.stderr[-1500:]}"
-            error = {r: {"error": f"no result; exit {out.returncode}: {tail}"} for r in range(size)}
-            out_items.append((rest[0], error))
-            continue
+        stdout, stderr, hung = watched(argv, None, CASE_TIMEOUT)
+        by_id = records(stdout)
+        raised = False  # a case of this job raised, which ended it
         for item in rest:
             if item["id"] not in by_id:
+                if raised:
+                    break  # the case before raised and ended the job: this one runs next
+                # This case ended its job without a record: it hung, or its process died.
+                why = f"no result within {CASE_TIMEOUT} s (hung)" if hung else "no result"
+                error = {r: {"error": f"{why}: {stdout[-1500:]}{stderr[-1500:]}"}
+                         for r in range(size)}  # fmt: skip
+                out_items.append((item, error))
                 break
             out_items.append((item, by_id[item["id"]]))
+            raised = any(v.get("error") for v in by_id[item["id"]].values())
     return out_items
 
 
@@ -186,7 +191,7 @@ def test_generated_scenarios_train_like_one_process(tmp_path):
     scenarios = cases(seed, count)
     print(f"scenario seed {seed}: {len(scenarios)} cases")
     assert len(scenarios) == count
-    problems = run_cases(scenarios, tmp_path, timeout=600 + 5 * count)
+    problems = run_cases(scenarios, tmp_path)
     failed = sum(1 for p in problems if p)
     print(f"{len(scenarios) - failed} of {len(scenarios)} cases like the oracle")
     assert not failed, report(scenarios, problems, seed)
