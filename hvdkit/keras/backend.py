@@ -165,19 +165,10 @@ def split_evenly(items: list[Any], parts: int) -> list[list[Any]]:
     return [run for run in out if run]
 
 
-def host_tensor(array: np.ndarray) -> Any:
-    """A host array as the backend's Horovod takes it, in its own dtype: Keras's
-    ``convert_to_tensor`` would make float64 float32 on JAX (x64 off), and hvdkit's JAX
-    collectives take host arrays as they are."""
-    if keras.backend.backend() == "jax":
-        return array
-    return keras.ops.convert_to_tensor(array, dtype=array.dtype.name)
-
-
 def allgather_numpy(array: np.ndarray, name: str) -> np.ndarray:
     """Every rank's ``array`` stacked along a new first axis (same shape on every rank)."""
     hvd = horovod()
-    local = host_tensor(np.asarray(array)[None])
+    local = current().from_host(np.asarray(array)[None])
     return np.asarray(keras.ops.convert_to_numpy(hvd.allgather(local, name=name)))
 
 

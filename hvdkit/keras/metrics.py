@@ -31,7 +31,7 @@ def average_logs(logs: dict[str, Any], count: float) -> dict[str, Any]:
     keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
     local = np.array([float(logs[k]) * count for k in keys] + [count], dtype=np.float64)
     hvd = backend.horovod()
-    summed = hvd.allreduce(backend.host_tensor(local), op=hvd.Sum, name="hvdkit.metrics")
+    summed = hvd.allreduce(backend.current().from_host(local), op=hvd.Sum, name="hvdkit.metrics")
     summed = np.asarray(keras.ops.convert_to_numpy(summed), dtype=np.float64)
     out = dict(logs)
     if summed[-1] > 0:

@@ -85,7 +85,6 @@ class _EpochLoader:
         self.loader, self.sampler, self.session = loader, sampler, session
         self.open = False  # inside a pass
         self.batch_samples = 0  # samples one batch is, over all ranks
-        self.yielded = False  # this pass gave a batch
 
     def __iter__(self) -> Iterator[Any]:
         session, elastic = self.session, self.session._elastic
@@ -109,16 +108,16 @@ class _EpochLoader:
                 batches = iter(self.loader)
                 if state is not None:
                     torch.random.set_rng_state(state)
-                self.yielded = False
+                yielded = False
                 for batch in batches:
                     if drives:
                         session._stop_if_due()
-                    session._current, self.yielded = self, True
+                    session._current, yielded = self, True
                     yield batch
                     if elastic is not None and elastic.generation != generation:
                         break  # recovered: go on from the restored position, re-split
                 else:
-                    if session._owner is None and drives and done > 0 and not self.yielded:
+                    if session._owner is None and drives and done > 0 and not yielded:
                         # A resumed epoch saved after its last batch: the rest is empty, and
                         # this loader is the one that trained it.
                         session._owner = self

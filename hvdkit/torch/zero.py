@@ -422,7 +422,7 @@ class _Sharded:
                     "does it at each reset)"
                 )
             carried = self._hvdkit_full_state()  # collective: every rank changed its groups
-        elif given is None and self._hvdkit_inner is None and self.state:
+        elif given is None and inner_now is None and self.state:
             # State the constructor made (Adagrad's initial sums): sliced like any other.
             carried, self.state = dict(self.state), collections.defaultdict(dict)
         for old in self._hvdkit_groups:

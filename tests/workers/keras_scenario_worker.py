@@ -15,7 +15,6 @@ the cases after it are not run.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -25,6 +24,7 @@ import keras
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the grammar
+from case_loop import run_items  # beside this file
 from keras_scenarios import (
     ARRAYS,
     FEATURES,
@@ -201,18 +201,7 @@ def main() -> None:
     items = json.loads(Path(sys.argv[1]).read_text())
     workdir = Path(sys.argv[2])
     hvd.init()
-    for item in items:
-        case, where = Case(**item["case"]), workdir / f"case-{item['id']}"
-        where.mkdir(parents=True, exist_ok=True)
-        try:
-            result = run_case(case, where)
-        except Exception:  # noqa: BLE001 - reported per case, then the job ends
-            result = {"error": traceback.format_exc()[-1500:]}
-        result.update(case=item["id"], rank=hvd.rank())
-        print("CASE " + json.dumps(result), flush=True)
-        if "error" in result:
-            sys.stdout.flush()
-            os._exit(3)
+    run_items(items, workdir, hvd.rank(), lambda item, where: run_case(Case(**item["case"]), where))
 
 
 if __name__ == "__main__":

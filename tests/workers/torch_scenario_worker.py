@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import hvdkit.torch as hvd
 from hvdkit import preempt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the grammar
+from case_loop import run_items  # beside this file
 from torch_scenarios import (
     VALIDATION,
     Case,
@@ -191,18 +191,10 @@ def main() -> None:
     workdir = Path(sys.argv[2])
     hvd.init()
     preempt.INTERVAL_S = 0.0  # the ranks agree on a signal at every step: it stops within 2
-    for item in items:
-        case, where = Case(**item["case"]), workdir / f"case-{item['id']}"
-        where.mkdir(parents=True, exist_ok=True)
-        try:
-            result = run_case(case, where, item["resume"])
-        except Exception:  # noqa: BLE001 - reported per case, then the job ends
-            result = {"error": traceback.format_exc()[-1200:]}
-        result.update(case=item["id"], rank=hvd.rank())
-        print("CASE " + json.dumps(result), flush=True)
-        if "error" in result:
-            sys.stdout.flush()
-            os._exit(3)
+    run_items(
+        items, workdir, hvd.rank(),
+        lambda item, where: run_case(Case(**item["case"]), where, item["resume"]),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

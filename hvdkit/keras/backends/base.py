@@ -29,6 +29,11 @@ class KerasBackend(abc.ABC):
         """``tensor`` as Horovod's ops accept it (``copy``: detached from the variable)."""
 
     @abc.abstractmethod
+    def from_host(self, array: Any) -> Any:
+        """A host (numpy) array as Horovod's ops take it, in its own dtype (the sync guard's
+        float64 fingerprints, the metric sums)."""
+
+    @abc.abstractmethod
     def bf16_allreduce(
         self, tensors: list[Any], average: bool, name: str, process_set: Any
     ) -> list[Any]:

@@ -314,6 +314,11 @@ class JaxBackend(KerasBackend):
     def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
         return host_value(tensor)
 
+    def from_host(self, array: Any) -> Any:
+        # hvdkit's JAX collectives take host arrays as they are; Keras's convert_to_tensor
+        # would make float64 float32 (x64 is off).
+        return array
+
     def bf16_allreduce(
         self, tensors: list[Any], average: bool, name: str, process_set: Any
     ) -> list[Any]:

@@ -22,6 +22,11 @@ class TensorFlowBackend(KerasBackend):
     def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
         return tensor  # TensorFlow's ops copy; layout is not the caller's concern
 
+    def from_host(self, array: Any) -> Any:
+        import keras
+
+        return keras.ops.convert_to_tensor(array, dtype=array.dtype.name)
+
     def bf16_allreduce(
         self, tensors: list[Any], average: bool, name: str, process_set: Any
     ) -> list[Any]:

@@ -23,6 +23,11 @@ class TorchBackend(KerasBackend):
             tensor = tensor.detach().clone()
         return tensor.contiguous()  # Horovod refuses non-contiguous tensors
 
+    def from_host(self, array: Any) -> Any:
+        import keras
+
+        return keras.ops.convert_to_tensor(array, dtype=array.dtype.name)
+
     def bf16_allreduce(
         self, tensors: list[Any], average: bool, name: str, process_set: Any
     ) -> list[Any]:
