@@ -86,7 +86,10 @@ def elastic_cases(seed: int, count: int) -> list[Case]:
                        "elastic_kill": 5})  # fmt: skip
         if case.scheduler == "onecycle":  # sized by len(loader) at 2 ranks: too few at 1
             case = Case(**{**asdict(case), "scheduler": "steplr"})
-        if len(out) < count and case not in out and batches_per_epoch(case, 1) > 0:
+        # Enough steps after the kill at step 5 for the killed host to be back (a cooldown
+        # of 1-2 s and a new process, at 0.3 s a step) before training ends.
+        steps = case.epochs * -(-batches_per_epoch(case, 2) // case.accumulate)
+        if len(out) < count and case not in out and steps >= 30:
             out.append(case)
     return out
 

@@ -194,8 +194,8 @@ def _shard_arrays(x: Any, y: Any, kwargs: dict[str, Any], rank: int, size: int) 
         )
     n = next(iter(lengths.values())) if lengths else None
     if n is not None and kwargs.get("validation_split") and kwargs.get("validation_data") is None:
-        given = _split_validation(given, n, kwargs, rank, size)
-        n = validation_at(n, kwargs.pop("validation_split"))
+        given, n = _split_validation(given, n, kwargs, rank, size)
+        kwargs.pop("validation_split")
     if n is not None:
         rows = shard_rows(n, rank, size)
         given = {name: _map_leaves(lambda a: take_rows(a, rows), v) for name, v in given.items()}
@@ -206,17 +206,17 @@ def _shard_arrays(x: Any, y: Any, kwargs: dict[str, Any], rank: int, size: int) 
 
 def _split_validation(
     given: dict[str, Any], n: int, kwargs: dict[str, Any], rank: int, size: int
-) -> dict[str, Any]:
-    """The training part of ``given`` (its first rows), as one process's ``fit`` splits the
-    whole arrays; the rest becomes ``kwargs["validation_data"]``, this rank's rows
-    :func:`validation_rows` of it."""
+) -> tuple[dict[str, Any], int]:
+    """The training part of ``given`` (its first rows, and how many), as one process's
+    ``fit`` splits the whole arrays; the rest becomes ``kwargs["validation_data"]``, this
+    rank's rows :func:`validation_rows` of it."""
     at = validation_at(n, kwargs["validation_split"])
     everyone = keras.config.backend() == "jax"  # one program over the ranks: equal shapes
     rows = at + validation_rows(n - at, rank, size, everyone)
     held = {name: _map_leaves(lambda a: take_rows(a, rows), v) for name, v in given.items()}
     kwargs["validation_data"] = (held["x"], held["y"], held["sample_weight"])
     head = np.arange(at)
-    return {name: _map_leaves(lambda a: take_rows(a, head), v) for name, v in given.items()}
+    return {name: _map_leaves(lambda a: take_rows(a, head), v) for name, v in given.items()}, at
 
 
 def _is_rows(value: Any) -> bool:
