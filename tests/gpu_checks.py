@@ -113,6 +113,11 @@ class Checks:
             if not (r["diff"] <= TOL[r.get("dtype", r.get("policy"))] and r["moved"] > 1e-3):
                 why.append(f"rank {rank}: diff {r['diff']:.2e} from one process, "
                            f"moved {r['moved']:.2e}")  # fmt: skip
+            if gpus and any(not d.startswith("cuda") for d in r.get("step_devices", ())):
+                why.append(f"rank {rank}: {r['flag']} step count on {r['step_devices']}")
+            if r.get("resume_diff", 0) > TOL["float32"]:
+                why.append(f"rank {rank}: the resumed run is {r['resume_diff']:.2e} from the "
+                           "uninterrupted one")  # fmt: skip
             if r.get("scales") and r["scales"][0] is not None:
                 if r["scales"][-1] != r["ref_scale"] or r["scales"] != res[0]["scales"]:
                     why.append(f"rank {rank}: loss scales {r['scales']}, one process ends at "
@@ -125,6 +130,9 @@ class Checks:
         )
         if r0.get("scales") and r0["scales"][0] is not None:
             detail += f", loss scale {r0['scales']}"
+        if "step_devices" in r0:
+            detail += (f", resumed {r0['flag']} step on {r0['step_devices']}, resume diff "
+                       f"{r0['resume_diff']:.1e}")  # fmt: skip
         if "optimizer" in r0:
             detail += f", {r0['compute_dtype']} compute, {r0['optimizer']}"
         self.record(label, not why, "; ".join(why) or detail, s)
@@ -159,16 +167,30 @@ class Checks:
         self.record(label, ok, ("" if ok else "WRONG SUMS; ") + detail, s)
 
 
+def resume_checks(c: Checks, np: int, gpus: int, how: str) -> None:
+    """Issue 49 item 7: a resumed AdamW(capturable/fused), plain and ZeRO-1."""
+    for flag in ("capturable", "fused"):
+        for shard in ((), ("--shard",)):
+            kind = "ZeRO-1" if shard else "plain"
+            c.training(np, gpus, f"resume AdamW({flag}=True) {kind} np={np} {how}",
+                       ["resume", "--flag", flag, *shard])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-report")
     parser.add_argument("--sdist", help="a local horovod-0.28.1.tar.gz (no download)")
     parser.add_argument("--skip", default="", help="comma list: build,nccl,bench,shared")
+    parser.add_argument("--only", default="",
+                        help="comma list of check groups: training,resume (default: all)")  # fmt: skip
     parser.add_argument("--shared-controllers", default="gloo",
                         help="for the 2 ranks sharing a GPU: gloo, mpi or gloo,mpi")  # fmt: skip
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(","))) or {"training", "resume"}
+    if "training" not in only:
+        skip |= {"doctor", "bench"}
     c = Checks(args.out, sys.executable)
     sdist = ["--sdist", args.sdist] if args.sdist else []
 
@@ -188,16 +210,19 @@ def main(argv: list[str] | None = None) -> int:
             "build Horovod with NCCL (arch of the visible GPUs)",
             ["--controllers", "gloo", "--gpu-operations", "NCCL", *sdist],
         )
-    if "nccl" not in skip:
+    if "nccl" not in skip and "doctor" not in skip:
         rc, text, s = c.hvdkit("doctor", timeout=300)
         counts = {k: len(re.findall(rf"^{k}\b", text, re.M)) for k in ("PASS", "FAIL", "SKIP")}
         gpu_lines = [ln for ln in text.splitlines() if re.search(r"GPU|NCCL|CUDA|JAX", ln)]
         c.record("hvdkit doctor", rc == 0 and counts["FAIL"] == 0,
                  f"{counts}; " + " | ".join(gpu_lines)[:900], s)  # fmt: skip
 
+    if "nccl" not in skip:
         one = [1] if gpus <= 1 else [1, gpus]
-        jax_gpu = c.jax_on_gpu()
-        for np in one:
+        for np in one if "resume" in only else ():
+            resume_checks(c, np, gpus, "NCCL")
+        jax_gpu = c.jax_on_gpu() if "training" in only else False
+        for np in one if "training" in only else ():
             for dtype in ("float32", "bfloat16", "float16"):
                 extra = ["--overflow-at", "2"] if dtype == "float16" else []
                 c.training(np, gpus, f"torch session np={np} {dtype}", ["torch", "--dtype", dtype,
@@ -214,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 c.training(np, gpus, f"keras (jax backend) fit np={np} {policy}",
                            ["keras", "--policy", policy], {"KERAS_BACKEND": "jax"})  # fmt: skip
             c.bandwidth(np, f"allreduce GPU tensors np={np}")
-        if gpus == 1:
+        if gpus == 1 and "training" in only:
             rc, text, s = c.hvdkit("run", "-np", "2", "--", c.python, WORKER, "allreduce",
                                    timeout=300)  # fmt: skip
             said = [ln for ln in text.splitlines() if "NCCL" in ln][:2]
@@ -246,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                     ["--controllers", args.shared_controllers, *sdist])  # fmt: skip
         for c.controller in controllers:
             how = f"sharing GPU 0, {c.controller}"
+            if "resume" in only:
+                resume_checks(c, 2, gpus, how)
+            if "training" not in only:
+                continue
             for dtype in ("float32", "bfloat16", "float16"):
                 extra = ["--overflow-at", "2"] if dtype == "float16" else []
                 c.training(2, gpus, f"torch session np=2 {how}, {dtype}",

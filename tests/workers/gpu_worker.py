@@ -213,6 +213,92 @@ def allreduce_bandwidth(args) -> None:
     emit(hvd.rank(), device=kind, rows=rows, nccl=bool(hvd.nccl_built()))
 
 
+def resume_checks(args) -> None:
+    """A resumed ``AdamW(capturable=True)`` or ``fused=True`` (plain or ZeRO-1): 3 steps, a
+    save, 3 more (the uninterrupted run); then a fresh session resumes the save and takes the
+    last 3 steps again. Both against one process on the global batch. torch's own
+    ``load_state_dict`` puts such a step count on the parameter's device; a resume that left
+    it on the CPU fails at the first step (capturable) or reads it wrongly."""
+    import tempfile
+
+    import torch
+    import torch.nn.functional as F
+
+    import hvdkit.torch as hvd
+
+    flags = {args.flag: True}
+    lr, b, steps, cut = 1e-2, 8, 6, 3
+
+    def make_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(),
+                                   torch.nn.Linear(32, 4))  # fmt: skip
+
+    def flat(model) -> torch.Tensor:
+        return torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()])
+
+    ckpt = os.path.join(args.dir or tempfile.mkdtemp(), "ckpt.pt")
+    hvd.init()
+    size, rank = hvd.size(), hvd.rank()
+    g = torch.Generator().manual_seed(4)
+    xs, ys = torch.randn(steps, b * size, 12, generator=g), torch.randn(steps, b * size, 4, generator=g)
+    mine = slice(rank * b, (rank + 1) * b)
+
+    def train(session, first: int, last: int) -> None:
+        for step in range(first, last):
+            x, y = xs[step][mine].to(session.device), ys[step][mine].to(session.device)
+            session.optimizer.zero_grad(set_to_none=True)
+            session.backward_and_step(F.mse_loss(session.model(x), y))
+            if step == cut - 1 and first == 0:
+                session.save(end_of_epoch=False)
+
+    def session_for():
+        model = make_model()
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+        model.to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, **flags)
+        return hvd.setup(model, opt, checkpoint=ckpt, shard_optimizer=args.shard)
+
+    first = session_for()
+    train(first, 0, steps)
+    whole = flat(first.model)
+    resumed = session_for()
+    train(resumed, cut, steps)
+    # Under ZeRO-1 the state is the inner optimizer's (built at the first step).
+    holder = getattr(resumed.optimizer, "_hvdkit_inner", None) or resumed.optimizer
+    step_devices = sorted({str(s["step"].device) for s in holder.state.values()
+                           if torch.is_tensor(s.get("step"))})  # fmt: skip
+    again = flat(resumed.model)
+
+    device = first.device
+    ref = make_model().to(device)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr * size, weight_decay=0.1, **flags)
+    for step in range(steps):
+        ref_opt.zero_grad(set_to_none=True)
+        out = ref(xs[step].to(device))
+        loss = sum(F.mse_loss(out[r * b:(r + 1) * b], ys[step][r * b:(r + 1) * b].to(device))
+                   for r in range(size)) / size  # fmt: skip
+        loss.backward()
+        ref_opt.step()
+    ref_w = flat(ref)
+    emit(
+        rank,
+        dtype="float32",
+        device=str(device),
+        param_device=str(next(resumed.model.parameters()).device),
+        local_rank=hvd.local_rank(),
+        gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        flag=args.flag,
+        shard=args.shard,
+        step_devices=step_devices,
+        digest=hashlib.sha256(again.numpy().tobytes()).hexdigest(),
+        diff=max((again - ref_w).abs().max().item(), (whole - ref_w).abs().max().item()),
+        resume_diff=(again - whole).abs().max().item(),
+        moved=(again - flat(make_model())).abs().max().item(),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="check", required=True)
@@ -222,10 +308,14 @@ def main() -> int:
     k = sub.add_parser("keras")
     k.add_argument("--policy", default="mixed_bfloat16")
     sub.add_parser("allreduce")
+    r = sub.add_parser("resume")
+    r.add_argument("--flag", choices=("capturable", "fused"), default="capturable")
+    r.add_argument("--shard", action="store_true")
+    r.add_argument("--dir", help="where the checkpoint goes (a temporary folder: rank 0's)")
     args = parser.parse_args()
-    {"torch": torch_checks, "keras": keras_checks, "allreduce": allreduce_bandwidth}[args.check](
-        args
-    )
+    checks = {"torch": torch_checks, "keras": keras_checks, "allreduce": allreduce_bandwidth,
+              "resume": resume_checks}  # fmt: skip
+    checks[args.check](args)
     return 0
 
 
