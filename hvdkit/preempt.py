@@ -15,6 +15,7 @@ same step, and the collective overlaps a step.
 from __future__ import annotations
 
 import math
+import os
 import re
 import signal
 import threading
@@ -76,6 +77,7 @@ class Preemption:
         self.agreed: int | None = None  # the largest signal number any rank got
         self._pending: Any = None
         self._installed: dict[int, Any] = {}
+        self._pid = os.getpid()
         self._steps = 0
         self._next = 1  # the step after which the next exchange starts
         self._gap = 1  # steps between the last two exchanges
@@ -89,6 +91,7 @@ class Preemption:
         second signal."""
         if threading.current_thread() is not threading.main_thread():
             return False
+        self._pid = os.getpid()
         for sig in SIGNALS:
             if signal.getsignal(sig) == signal.SIG_DFL:
                 self._installed[sig] = signal.signal(sig, self._on_signal)
@@ -101,6 +104,10 @@ class Preemption:
         self._installed.clear()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child the fork hook missed: die as it would
+            signal.signal(signum, self._installed.get(signum, signal.SIG_DFL))
+            os.kill(os.getpid(), signum)
+            return
         self.received = signum
 
     def step_done(self) -> bool:
@@ -163,3 +170,20 @@ def announce(by: str, epoch: int, batches: int, step: int, path: Any) -> str:
         f"{MARKER} ({by}) at epoch {epoch + 1}, batch {batches} (step {step}): checkpoint "
         f"{path}; run the same command again to resume from it"
     )
+
+
+def _restore_in_child() -> None:
+    """In a forked child (a PyDataset or DataLoader worker), the signals' handlers before
+    :meth:`Preemption.install`: a child that kept the flag-setting handler would survive the
+    SIGTERM its pool stops it with, and the rank would wait for it at exit."""
+    for sig in SIGNALS:
+        handler = signal.getsignal(sig)
+        owner = getattr(handler, "__self__", None)
+        if isinstance(owner, Preemption) and sig in owner._installed:
+            try:
+                signal.signal(sig, owner._installed[sig])
+            except ValueError:  # not the child's main thread: _on_signal's own check remains
+                pass
+
+
+os.register_at_fork(after_in_child=_restore_in_child)

@@ -83,11 +83,6 @@ def allowed(case: Case) -> bool:
         return False
     if case.processes and (case.kind != "pydataset" or not case.workers):
         return False
-    if case.processes and case.resume:
-        # Not drawn: the job hangs at its end (the PyDataset's worker processes wait on
-        # their task queue after the process exits; seen on the torch and JAX backends, not
-        # reduced yet to hvdkit or Keras).
-        return False
     needs_steps = (case.kind == "tf.data" and case.length != "known") or case.kind == "generator"
     if needs_steps != bool(case.steps_per_epoch):
         return False
