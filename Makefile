@@ -2,9 +2,9 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-STACK := hvdkit/build/stack-cpu.txt
+STACK := hvdkit/horovod_build/stack-cpu.txt
 # A second pin file whose lines replace $(STACK)'s for the same packages (the GPU image:
-# STACK_OVERRIDES=hvdkit/build/stack-gpu.txt, torch with CUDA and pip's CUDA compiler).
+# STACK_OVERRIDES=hvdkit/horovod_build/stack-gpu.txt, torch with CUDA and pip's CUDA compiler).
 STACK_OVERRIDES ?=
 STAMP := $(VENV)/.hvdkit-stack
 PYTEST_ARGS ?=
@@ -27,10 +27,10 @@ BUILD_FLAGS ?= --frameworks $(HOROVOD_FRAMEWORKS) --controllers gloo,mpi $(EXTRA
 LINT_TOOLS := ruff==0.17.6 mypy==2.4.1
 LINT_STAMP := $(VENV)/.hvdkit-lint
 # Ray and pyspark for the tests of hvdkit.ray and hvdkit.spark (not in the images).
-ENGINES_STACK := hvdkit/build/stack-engines.txt
+ENGINES_STACK := hvdkit/horovod_build/stack-engines.txt
 ENGINES_STAMP := $(VENV)/.hvdkit-engines
 # The docs site's tools (mkdocs, Material, mkdocstrings), for `make docs` and tests/test_docs.py.
-DOCS_STACK := hvdkit/build/stack-docs.txt
+DOCS_STACK := hvdkit/horovod_build/stack-docs.txt
 DOCS_STAMP := $(VENV)/.hvdkit-docs
 # Where `make docs-check` saves its screenshots.
 DOCS_CHECK_OUT ?= docs-check

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hvdkit import envvars
-from hvdkit.build.versions import version_tuple
+from hvdkit.horovod_build.versions import version_tuple
 
 QUERY = ("--query-gpu=index,name,compute_cap,driver_version", "--format=csv,noheader")
 

@@ -126,7 +126,8 @@ BUDGETED: dict[str, float] = {
     "[torch-state]": 45,
     "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
     "[tensorflow-session]": 30,
-    "test_elastic.py::test_elastic_example_trains_on_two_hosts[keras_elastic.py --backend torch]": 25,
+    "test_elastic.py::test_elastic_example_trains_on_two_hosts"
+    "[keras_elastic.py --backend torch]": 25,
     "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes"
     "[tensorflow]": 75,
     "test_tensorflow.py::test_examples_train_and_end_with_identical_weights[tensorflow_mnist.py]": 25,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from hvdkit.build.config import default_cache_dir
+from hvdkit.horovod_build.config import default_cache_dir
 
 TAG = "localhost/hvdkit:cpu-test"
 TORCH_TAG = "localhost/hvdkit:cpu-torch-test"

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import results  # noqa: E402
 
-from hvdkit.build.versions import version_tuple  # noqa: E402
+from hvdkit.horovod_build.versions import version_tuple  # noqa: E402
 
 # One step on 2 ranks against one process on the global batch, and training to equal weights:
 # the checks tests/test_*_adapter.py make on the project's own stack.

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from hvdkit.build.config import BuildEnv
+from hvdkit.horovod_build.config import BuildEnv
 
 # This project's CI machine as probed (Debian 12, gcc 12, pip's CMake 4, TF 2.21, torch 2.13).
 TODAY = BuildEnv(

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from stacks import CUDA_TORCH, OLD, TODAY
 
-from hvdkit.build.cache import cache_key
-from hvdkit.build.config import BuildConfig, BuildEnv
-from hvdkit.build.prereqs import find_problems, missing_system_packages
-from hvdkit.build.cuda import CudaCandidate, choose_toolkit, toolkit_fix
-from hvdkit.build.remedies import Remedy, plan_remedies
-from hvdkit.build.versions import version_tuple
+from hvdkit.horovod_build.cache import cache_key
+from hvdkit.horovod_build.config import BuildConfig, BuildEnv
+from hvdkit.horovod_build.cuda import CudaCandidate, choose_toolkit, toolkit_fix
+from hvdkit.horovod_build.prereqs import find_problems, missing_system_packages
+from hvdkit.horovod_build.remedies import Remedy, plan_remedies
+from hvdkit.horovod_build.versions import version_tuple
 
 CFG = BuildConfig(cache_dir=Path("/cache"))
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from stacks import CUDA_TORCH, TODAY
 
-from hvdkit.build.cache import WheelCache
-from hvdkit.build.config import BuildConfig
-from hvdkit.build.logscan import first_error, summarize_failure
-from hvdkit.build.recipe import compile_jobs, make_recipe, wrapper_script
-from hvdkit.build.remedies import plan_remedies
+from hvdkit.horovod_build.cache import WheelCache
+from hvdkit.horovod_build.config import BuildConfig
+from hvdkit.horovod_build.logscan import first_error, summarize_failure
+from hvdkit.horovod_build.recipe import compile_jobs, make_recipe, wrapper_script
+from hvdkit.horovod_build.remedies import plan_remedies
 
 
 def _fake_compiler(tmp_path: Path) -> Path:

@@ -59,7 +59,7 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
     steps = instructions(path)
     runs = " && ".join(args for word, args in steps if word == "RUN")
     stack = makefile_variable("STACK")
-    assert stack == "hvdkit/build/stack-cpu.txt"
+    assert stack == "hvdkit/horovod_build/stack-cpu.txt"
     assert ("COPY", f"{stack} {stack}") in steps and ("COPY", "Makefile ./") in steps
     # The Makefile's targets: `stack` installs the pins (its own layer), `setup` hvdkit and
     # `hvdkit build-horovod`, both for the image's FRAMEWORKS.
@@ -88,7 +88,7 @@ def test_one_install_path_and_no_second_copy_of_versions(path):
         assert "--gpu-operations NCCL" in flags.group(1) and "--cuda-arch" in flags.group(1)
         assert args["FRAMEWORKS"] == args["KERAS_BACKEND"] == "torch"
         # The GPU pins replace the CPU ones in both make calls; no PPA, no fixed CUDA base.
-        gpu = "hvdkit/build/stack-gpu.txt"
+        gpu = "hvdkit/horovod_build/stack-gpu.txt"
         assert ("COPY", f"{gpu} {gpu}") in steps and runs.count(f"STACK_OVERRIDES={gpu}") == 2
         assert "ppa" not in runs.lower() and "nvidia/cuda" not in args["BASE_IMAGE"]
     assert ("ENV", "KERAS_BACKEND=${KERAS_BACKEND}") in [

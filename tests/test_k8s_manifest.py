@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from hvdkit.build.config import default_cache_dir
 from hvdkit.cli import build_parser
+from hvdkit.horovod_build.config import default_cache_dir
 
 yaml = pytest.importorskip("yaml")
 MANIFEST = ROOT / "examples" / "mpijob_pytorch_mnist.yaml"

@@ -42,7 +42,7 @@ def test_sdist_and_wheel_build_pass_twine_and_install_into_a_fresh_venv(tmp_path
         meta = email.message_from_bytes(
             zf.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
         )
-    assert "hvdkit/build/stack-cpu.txt" in names
+    assert "hvdkit/horovod_build/stack-cpu.txt" in names
     assert not any(n.startswith(("tests/", "examples/")) for n in names)
     requires = meta.get_all("Requires-Dist")
     assert [r for r in requires if "extra ==" not in r] == ["numpy>=1.24"], requires
@@ -57,7 +57,7 @@ def test_sdist_and_wheel_build_pass_twine_and_install_into_a_fresh_venv(tmp_path
     _run(sys.executable, "-m", "venv", user)
     python = user / "bin/python"
     _run(python, "-m", "pip", "install", "-q", wheel)
-    _run(python, "-c", "import numpy, hvdkit.data, hvdkit.build.builder")
+    _run(python, "-c", "import numpy, hvdkit.data, hvdkit.horovod_build.builder")
     help_text = _run(user / "bin/hvdkit", "--help").stdout
     assert "build-horovod" in help_text and "doctor" in help_text
     plan = _run(user / "bin/hvdkit", "build-horovod", "--plan", check=False)
@@ -66,4 +66,4 @@ def test_sdist_and_wheel_build_pass_twine_and_install_into_a_fresh_venv(tmp_path
     assert "Traceback" not in plan.stderr
     # The sdist installs too (what pip builds when no wheel fits).
     _run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", sdist)
-    _run(python, "-c", "import hvdkit.build.config")
+    _run(python, "-c", "import hvdkit.horovod_build.config")

@@ -14,10 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+import engine_fns
 import pytest
 from conftest import ROOT
-
-import engine_fns
 from test_engine_interpreter_units import python_without_hvdkit
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: make engines")

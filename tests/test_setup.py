@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdkit.build.remedies import KNOWN_FAILURES
+from hvdkit.horovod_build.remedies import KNOWN_FAILURES
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -19,7 +19,7 @@ BIN = Path(sys.executable).parent
 
 def test_import_hvdkit_imports_no_framework():
     code = (
-        "import sys, hvdkit, hvdkit.cli, hvdkit.build.builder, hvdkit.doctor.checks\n"
+        "import sys, hvdkit, hvdkit.cli, hvdkit.horovod_build.builder, hvdkit.doctor.checks\n"
         "import hvdkit.core, hvdkit.lr, hvdkit.rank_zero, hvdkit.checkpoint\n"
         "loaded = {'torch', 'tensorflow', 'keras', 'horovod', 'mpi4py'} & set(sys.modules)\n"
         "assert not loaded, loaded"

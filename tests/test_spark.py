@@ -16,10 +16,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import engine_fns
 import pytest
 from conftest import ROOT
-
-import engine_fns
 from test_engine_interpreter_units import python_without_hvdkit
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed: make engines")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from hvdkit import envvars
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
 from hvdkit.bench.worker import STEADY_HEAP
-from hvdkit.build.config import Controller
+from hvdkit.horovod_build.config import Controller
 from hvdkit.launch.plan import default_controller
 
 SECTIONS = ("allreduce", "training", "keras", "pipeline", "profile", "memory")

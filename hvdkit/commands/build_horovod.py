@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hvdkit.build.config import (
+from hvdkit.horovod_build.config import (
     CONTROLLERS,
     FRAMEWORKS,
     HOROVOD_VERSION,
@@ -101,10 +101,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_horovod_command(args: argparse.Namespace) -> int:
-    from hvdkit.build.builder import BuildError, build_horovod, describe_plan, plan_problems
-    from hvdkit.build.cache import cache_key
-    from hvdkit.build.probe import probe
-    from hvdkit.build.remedies import plan_remedies
+    from hvdkit.horovod_build.builder import BuildError, build_horovod, describe_plan, plan_problems
+    from hvdkit.horovod_build.cache import cache_key
+    from hvdkit.horovod_build.probe import probe
+    from hvdkit.horovod_build.remedies import plan_remedies
 
     env = probe() if args.frameworks is None or args.plan else None
     frameworks = args.frameworks
@@ -114,8 +114,8 @@ def build_horovod_command(args: argparse.Namespace) -> int:
         if not frameworks:
             print(
                 "error: neither PyTorch nor TensorFlow is installed in this Python "
-                f"({sys.executable}).\nFix: install one first (see hvdkit/build/stack-cpu.txt)"
-                " or name them with --frameworks.",
+                f"({sys.executable}).\nFix: install one first (see "
+                "hvdkit/horovod_build/stack-cpu.txt) or name them with --frameworks.",
                 file=sys.stderr,
             )
             return 2

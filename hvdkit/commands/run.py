@@ -193,7 +193,7 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from hvdkit.build.record import nccl_built
+    from hvdkit.horovod_build.record import nccl_built
     from hvdkit.launch import runner
     from hvdkit.launch.allocation import detect, gpu_problem
     from hvdkit.launch.discover import probe
@@ -310,7 +310,7 @@ def _gpu_problem(plan: LaunchPlan) -> str | None:
     """With a NCCL build, more ranks on this machine than its GPUs fail inside NCCL once the
     job runs: say so before launching (other hosts: ``hvdkit doctor --hostfile``)."""
     from hvdkit import gpus
-    from hvdkit.build import record
+    from hvdkit.horovod_build import record
 
     if not record.nccl_built():
         return None

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdkit import __version__, envvars
-from hvdkit.build import record
-from hvdkit.build.config import CONTROLLERS, FRAMEWORK_NAMES, Controller
-from hvdkit.build.matrix import BuildMatrix, MatrixError, read_matrix
-from hvdkit.build.probe import dist_version, framework_version
 from hvdkit.doctor.worker import PREFIX
+from hvdkit.horovod_build import record
+from hvdkit.horovod_build.config import CONTROLLERS, FRAMEWORK_NAMES, Controller
+from hvdkit.horovod_build.matrix import BuildMatrix, MatrixError, read_matrix
+from hvdkit.horovod_build.probe import dist_version, framework_version
 from hvdkit.launch.hostfile import Host
 from hvdkit.launch.plan import LaunchConfig, build_plan
 

@@ -9,9 +9,9 @@ import sys
 from typing import Any
 
 from hvdkit import gpus as rules
-from hvdkit.build import record
 from hvdkit.doctor.checks import FAIL, PASS, SKIP, Check
 from hvdkit.gpus import GpuProbe
+from hvdkit.horovod_build import record
 
 # Import Horovod's extension the way a training script does (the framework first, which loads
 # its own NCCL), then ask the libnccl in this process for its version. No GPU is needed.

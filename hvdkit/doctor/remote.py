@@ -11,11 +11,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from hvdkit.build.config import FRAMEWORK_NAMES
-from hvdkit.build.record import nccl_built
 from hvdkit.doctor.checks import FAIL, PASS, Check
 from hvdkit.gpus import probe as probe_gpus
 from hvdkit.gpus import shared_gpu_problem
+from hvdkit.horovod_build.config import FRAMEWORK_NAMES
+from hvdkit.horovod_build.record import nccl_built
 from hvdkit.launch.hostfile import Host
 
 MARK = "hvdkit-doctor-versions "
@@ -28,7 +28,7 @@ SAME_ENV_FIX = (
 def collect() -> dict:
     """This machine's versions and GPU count (run locally, and remotely over ssh)."""
     from hvdkit import __version__
-    from hvdkit.build.probe import dist_version, framework_version
+    from hvdkit.horovod_build.probe import dist_version, framework_version
 
     versions: dict[str, str | None] = {"Python": platform.python_version(), "hvdkit": __version__}
     versions["Horovod"] = dist_version("horovod")

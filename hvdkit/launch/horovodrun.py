@@ -44,7 +44,7 @@ def _answer_build_checks_from_the_record() -> None:
     """horovodrun asks "built with Gloo? with MPI?" by loading each framework's Horovod
     extension in a new process, TensorFlow's first: seconds per launch, and TensorFlow's
     start-up logging even for a PyTorch-only job. hvdkit's build record already knows."""
-    from hvdkit.build import record
+    from hvdkit.horovod_build import record
 
     built = record.controllers()
     if built is None:

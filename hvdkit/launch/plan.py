@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 
-from hvdkit.build.config import Controller
+from hvdkit.horovod_build.config import Controller
 from hvdkit.launch.elastic import ElasticConfig, ElasticError
 from hvdkit.launch.elastic import describe as describe_elastic
 from hvdkit.launch.hostfile import Host

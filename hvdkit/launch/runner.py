@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hvdkit import preempt
-from hvdkit.build.config import CONTROLLERS, Controller
+from hvdkit.horovod_build.config import CONTROLLERS, Controller
 from hvdkit.launch import preemption, private_env
 from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.elastic_report import SUMMARY
@@ -41,11 +41,11 @@ def available_controllers(python: str = sys.executable) -> tuple[Controller, ...
     """Controllers this environment's Horovod can use: Gloo when built, MPI when built *and*
     ``mpirun`` is on PATH. Read from hvdkit's build record when there is one (fast), else from
     Horovod itself."""
-    from hvdkit.build import record
+    from hvdkit.horovod_build import record
 
     built = record.controllers()
     if built is None:
-        from hvdkit.build.matrix import MatrixError, read_matrix
+        from hvdkit.horovod_build.matrix import MatrixError, read_matrix
 
         try:
             built = [c for c, ok in read_matrix(python).controllers.items() if ok]

@@ -15,9 +15,22 @@ Installed only when profiling, by :func:`hvdkit.profile.recorder.get`, if Tensor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
-from hvdkit.profile.recorder import Recorder
+
+class Timed(Protocol):
+    """What the hooks need of :class:`hvdkit.profile.recorder.Recorder` (which imports this
+    module: the dependency runs one way)."""
+
+    compiled: bool
+
+    def phase(self, name: str) -> AbstractContextManager[Any]: ...
+
+    def within(self, name: str) -> bool: ...
+
+    def step_done(self) -> None: ...
+
 
 _traced = [0]  # DistributedGradientTape.gradient calls traced into a graph, in this process
 
@@ -28,7 +41,7 @@ def tape_traced() -> None:
     _traced[0] += 1
 
 
-def install(recorder: Recorder) -> Callable[[], None]:
+def install(recorder: Timed) -> Callable[[], None]:
     """Time ``tf.data`` iterators, Keras optimizers' updates and compiled tape steps into
     ``recorder``; returns the undo."""
     import tensorflow as tf

@@ -4,7 +4,6 @@ Horovod's Keras collectives on the active backend, each checked against the valu
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import keras

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 import hvdkit.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the oracle's table
-from seams import OPTIMIZERS  # noqa: E402
+from seams import OPTIMIZERS
 
 SAMPLES, FEATURES, CLASSES = 96, 8, 3
 

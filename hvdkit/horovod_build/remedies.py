@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hvdkit.build.config import BuildConfig, BuildEnv
-from hvdkit.build.versions import at_least
+from hvdkit.horovod_build.config import BuildConfig, BuildEnv
+from hvdkit.horovod_build.versions import at_least
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hvdkit.build.remedies import KnownFailure, first_known_failure
+from hvdkit.horovod_build.remedies import KnownFailure, first_known_failure
 
 _ERROR = re.compile(
     r"(: (fatal )?error:|^\s*#error|CMake Error|error: command .* failed|"

@@ -1,7 +1,7 @@
 """Build Horovod from its source distribution against the installed frameworks, or reuse
 a cached wheel, then install and verify it. The decisions are made by the pure modules
-(:mod:`~hvdkit.build.remedies`, :mod:`~hvdkit.build.prereqs`, :mod:`~hvdkit.build.recipe`);
-this module runs the commands.
+(:mod:`~hvdkit.horovod_build.remedies`, :mod:`~hvdkit.horovod_build.prereqs`,
+:mod:`~hvdkit.horovod_build.recipe`); this module runs the commands.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdkit.build import record, system
-from hvdkit.build.cache import WheelCache, cache_inputs, cache_key
-from hvdkit.build.config import BuildConfig, BuildEnv
-from hvdkit.build.logscan import summarize_failure
-from hvdkit.build.matrix import MatrixError, read_matrix
-from hvdkit.build.prereqs import Problem, find_problems, missing_system_packages
-from hvdkit.build.probe import probe
-from hvdkit.build.recipe import make_recipe
-from hvdkit.build.remedies import Remedy, plan_remedies
+from hvdkit.horovod_build import record, system
+from hvdkit.horovod_build.cache import WheelCache, cache_inputs, cache_key
+from hvdkit.horovod_build.config import BuildConfig, BuildEnv
+from hvdkit.horovod_build.logscan import summarize_failure
+from hvdkit.horovod_build.matrix import MatrixError, read_matrix
+from hvdkit.horovod_build.prereqs import Problem, find_problems, missing_system_packages
+from hvdkit.horovod_build.probe import probe
+from hvdkit.horovod_build.recipe import make_recipe
+from hvdkit.horovod_build.remedies import Remedy, plan_remedies
 
 """Written into the environment after a verified install: which cache key it holds."""
 

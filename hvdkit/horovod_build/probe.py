@@ -18,8 +18,8 @@ import sysconfig
 from pathlib import Path
 
 from hvdkit import envvars, gpus
-from hvdkit.build.config import BuildEnv
-from hvdkit.build.cuda import CudaCandidate, choose_toolkit
+from hvdkit.horovod_build.config import BuildEnv
+from hvdkit.horovod_build.cuda import CudaCandidate, choose_toolkit
 
 
 def _run(argv: list[str]) -> str | None:
@@ -123,7 +123,7 @@ def _cuda_candidate(home: Path, source: str) -> CudaCandidate:
 
 
 def cuda_candidates() -> tuple[CudaCandidate, ...]:
-    """Every place a CUDA toolkit may be, in hvdkit's order (:mod:`hvdkit.build.cuda`)."""
+    """Every place a CUDA toolkit may be, in hvdkit's order (:mod:`hvdkit.horovod_build.cuda`)."""
     places: list[tuple[Path, str]] = []
     nvidia = _package_dir("nvidia")
     if nvidia is not None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdkit.build.config import FRAMEWORK_NAMES, BuildConfig, BuildEnv
-from hvdkit.build.cuda import toolkit_fix
-from hvdkit.build.remedies import Remedy
-from hvdkit.build.versions import (
+from hvdkit.horovod_build.config import FRAMEWORK_NAMES, BuildConfig, BuildEnv
+from hvdkit.horovod_build.cuda import toolkit_fix
+from hvdkit.horovod_build.remedies import Remedy
+from hvdkit.horovod_build.versions import (
     CXX20_COMPILERS,
     KNOWN_RANGES,
     PYTHON_TESTED,
@@ -18,7 +18,7 @@ from hvdkit.build.versions import (
     in_range,
 )
 
-STACK_FILE = "hvdkit/build/stack-cpu.txt"
+STACK_FILE = "hvdkit/horovod_build/stack-cpu.txt"
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvdkit import envvars
-from hvdkit.build.config import BuildConfig, BuildEnv
-from hvdkit.build.remedies import Remedy
+from hvdkit.horovod_build.config import BuildConfig, BuildEnv
+from hvdkit.horovod_build.remedies import Remedy
 
 _OLD_STANDARDS = ("c++11", "c++14", "gnu++11", "gnu++14")
 _CXX17 = ("c++17", "gnu++17")
@@ -41,7 +41,8 @@ def wrapper_script(
     """A POSIX sh compiler wrapper: rewrites old -std flags to ``cxx_std`` and, in a unit
     whose arguments name ``torch_include_dir``, to ``torch_cxx_std`` (C++17 flags too);
     force-includes headers."""
-    lines = ["#!/bin/sh", "# Written by hvdkit build-horovod; see hvdkit/build/remedies.py.", ""]
+    note = "# Written by hvdkit build-horovod; see hvdkit/horovod_build/remedies.py."
+    lines = ["#!/bin/sh", note, ""]
     if cxx_std:
         lines.append(f"std={cxx_std}")
         # A C++17 flag is rewritten only in a unit that includes torch (then to C++20).

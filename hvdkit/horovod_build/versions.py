@@ -1,7 +1,7 @@
 """Version arithmetic and the ranges hvdkit's build remedies are known for (pure).
 
 A release outside a range may build, but nothing measured says so: the build stops before a
-15-minute compile and names ``--allow-untested`` (see :mod:`hvdkit.build.prereqs`).
+15-minute compile and names ``--allow-untested`` (see :mod:`hvdkit.horovod_build.prereqs`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ on a machine without a GPU that is often a prefix with an nvcc and no headers, a
 order: the nvidia wheels installed beside torch (they match torch's CUDA), ``$CUDA_HOME``,
 /usr/local/cuda, then the prefix of ``nvcc`` on PATH; a candidate is usable only when it has
 all of nvcc, ``cuda_runtime.h`` and libcudart, and the same CUDA major version as torch. The
-chosen home is given to torch and CMake alike (see :mod:`hvdkit.build.remedies`).
+chosen home is given to torch and CMake alike (see :mod:`hvdkit.horovod_build.remedies`).
 
 Why not switch CUDA off for a CUDA torch instead: a Horovod extension without CUDA cannot take
 a CUDA tensor at all, and a CUDA torch is installed to train on GPUs.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdkit.build.versions import version_tuple
+from hvdkit.horovod_build.versions import version_tuple
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hvdkit.build.config import BuildConfig, BuildEnv
+from hvdkit.horovod_build.config import BuildConfig, BuildEnv
 
 RECIPE_VERSION = 1
 """Bump when the remedies change what gets compiled, so old wheels are not reused."""
@@ -33,7 +33,8 @@ def cache_inputs(env: BuildEnv, cfg: BuildConfig) -> dict[str, object]:
     if "torch" in cfg.frameworks:
         inputs["torch"] = env.torch_version
         if env.torch_cuda:
-            # A CUDA torch gets CUDA compiled in (hvdkit.build.cuda): the toolkit is an input.
+            # A CUDA torch gets CUDA compiled in (hvdkit.horovod_build.cuda): the toolkit is an
+            # input.
             inputs["torch_cuda"] = env.torch_cuda
             inputs["cuda"] = env.cuda_version
     if "tensorflow" in cfg.frameworks:

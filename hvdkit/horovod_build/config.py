@@ -91,8 +91,8 @@ class BuildConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class BuildEnv:
-    """What was found on the machine (see :func:`hvdkit.build.probe.probe`). All versions are
-    strings as the tools print them, ``None`` when absent."""
+    """What was found on the machine (see :func:`hvdkit.horovod_build.probe.probe`). All
+    versions are strings as the tools print them, ``None`` when absent."""
 
     python_version: str
     python_tag: str
@@ -118,7 +118,7 @@ class BuildEnv:
     mpi_implementation: str | None = None
     mpi_version: str | None = None
     mpicxx: str | None = None
-    cuda_home: str | None = None  # the toolkit hvdkit chose (hvdkit.build.cuda); None if none
+    cuda_home: str | None = None  # the toolkit hvdkit chose (horovod_build.cuda); None if none
     cuda_version: str | None = None
     cuda_source: str | None = None
     cuda_passed_over: tuple[str, ...] = ()  # candidates not chosen, each with why
