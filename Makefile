@@ -35,7 +35,7 @@ DOCS_STAMP := $(VENV)/.hvdkit-docs
 # Where `make docs-check` saves its screenshots.
 DOCS_CHECK_OUT ?= docs-check
 
-.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all fuzz matrix image-gpu gpu-check lint \
+.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all fuzz matrix image-gpu gpu-check lint profile-under-load \
 	sweep doctor clean
 
 setup: $(STAMP)
@@ -103,6 +103,13 @@ fuzz: setup engines
 MATRIX_ARGS ?=
 matrix: setup
 	$(BIN)/python tests/matrix.py $(MATRIX_ARGS)
+
+# The profile's timing-derived verdicts with every core busy (tests/under_load.py): the profile
+# tests PROFILE_RUNS times beside one spinning process per core; each run's lead is printed.
+PROFILE_RUNS ?= 5
+profile-under-load: setup
+	$(BIN)/python tests/under_load.py --runs $(PROFILE_RUNS) -- $(BIN)/python -m pytest -q -s \
+		-p no:cacheprovider tests/test_profile.py
 
 # The GPU image (docker/Dockerfile.gpu) built here with podman or Docker and checked without
 # a GPU; left out of CI for time (docs/guides/docker.md).

@@ -17,9 +17,11 @@ def pytest_collection_modifyitems(config, items) -> None:
     """The core tests first, then the budgeted ones (``tests/budget.py``), then the image
     tests: CI builds the image in the background meanwhile, so they find it built. Tests
     marked ``extra`` run only under ``make test-all``."""
-    from budget import order
+    from budget import DEADLINE, order, rotation
 
-    items.sort(key=lambda item: order(item.nodeid, item.path.name == "test_docker_image.py"))
+    offset = rotation() if os.environ.get(DEADLINE) else 0
+    items.sort(key=lambda item: order(item.nodeid, item.path.name == "test_docker_image.py",
+                                      offset))  # fmt: skip
     if os.environ.get(TEST_ALL) == "1":
         return
     import pytest
@@ -40,6 +42,34 @@ def pytest_runtest_setup(item) -> None:
         import pytest
 
         pytest.skip(why)
+
+
+SUMMARY = "HVDKIT_CI_SUMMARY"
+_outcomes: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Under ``.ci/run`` (``HVDKIT_CI_SUMMARY`` names a file): each test's part, seconds
+    and outcome, for CI's summary line (``tests/budget.py``)."""
+    if not os.environ.get(SUMMARY):
+        return
+    from budget import part
+
+    entry = _outcomes.setdefault(report.nodeid, {"part": part(report.nodeid), "seconds": 0.0,
+                                                 "outcome": "passed"})  # fmt: skip
+    entry["seconds"] += report.duration
+    if report.skipped:
+        entry["outcome"] = "skipped"
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else ""
+        entry["budget"] = "CI time budget" in str(reason)
+    elif report.failed:
+        entry["outcome"] = "failed"
+
+
+def pytest_sessionfinish(session) -> None:
+    path = os.environ.get(SUMMARY)
+    if path:
+        Path(path).write_text(json.dumps(_outcomes))
 
 
 WORKERS = Path(__file__).resolve().parent / "workers"

@@ -159,8 +159,11 @@ def keras_checks(args) -> None:
         rank,
         policy=args.policy,
         backend=keras.config.backend(),
-        device=str(value.addressable_shards[0].device  # a JAX array: this process's copy
-                   if hasattr(value, "addressable_shards") else getattr(value, "device", "?")),
+        device=str(
+            value.addressable_shards[0].device  # a JAX array: this process's copy
+            if hasattr(value, "addressable_shards")
+            else getattr(value, "device", "?")
+        ),
         compute_dtype=model.layers[0].compute_dtype,
         optimizer=type(model.optimizer).__name__,
         digest=hashlib.sha256(mine_w.tobytes()).hexdigest(),
@@ -241,7 +244,10 @@ def resume_checks(args) -> None:
     hvd.init()
     size, rank = hvd.size(), hvd.rank()
     g = torch.Generator().manual_seed(4)
-    xs, ys = torch.randn(steps, b * size, 12, generator=g), torch.randn(steps, b * size, 4, generator=g)
+    xs, ys = (
+        torch.randn(steps, b * size, 12, generator=g),
+        torch.randn(steps, b * size, 4, generator=g),
+    )
     mine = slice(rank * b, (rank + 1) * b)
 
     def train(session, first: int, last: int) -> None:
@@ -254,8 +260,11 @@ def resume_checks(args) -> None:
 
     def session_for():
         model = make_model()
-        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count()) \
-            if torch.cuda.is_available() else torch.device("cpu")
+        device = (
+            torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
         model.to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, **flags)
         return hvd.setup(model, opt, checkpoint=ckpt, shard_optimizer=args.shard)

@@ -19,7 +19,8 @@ def report(rank: int, weights) -> None:
     print("RESULT " + json.dumps({"rank": rank, "digest": digest}), flush=True)
 
 
-LATENCY = 0.002  # per sample: 32 ms per batch of 16, far above the step's compute
+LATENCY = 0.006  # per sample: 96 ms per batch of 16, the data phase at least 5x any other even
+# with both cores busy (make profile-under-load): a sleep, so a loaded CPU does not stretch it
 
 
 def horovod_script() -> None:
