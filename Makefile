@@ -35,7 +35,7 @@ DOCS_STAMP := $(VENV)/.hvdkit-docs
 # Where `make docs-check` saves its screenshots.
 DOCS_CHECK_OUT ?= docs-check
 
-.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all fuzz matrix image-gpu gpu-check lint profile-under-load \
+.PHONY: setup stack engines docs docs-deps docs-check docs-figures run test test-fast test-all fuzz matrix image-gpu gpu-check lint profile-under-load startup-cost \
 	sweep doctor clean
 
 setup: $(STAMP)
@@ -103,6 +103,11 @@ fuzz: setup engines
 MATRIX_ARGS ?=
 matrix: setup
 	$(BIN)/python tests/matrix.py $(MATRIX_ARGS)
+
+# How much of each test file's time is process start and framework imports
+# (tests/startup_cost.py): the suite (or PYTEST_ARGS) with every Python process logging both.
+startup-cost: setup engines docs-deps
+	$(BIN)/python tests/startup_cost.py -- $(PYTEST_ARGS)
 
 # The profile's timing-derived verdicts with every core busy (tests/under_load.py): the profile
 # tests PROFILE_RUNS times beside one spinning process per core; each run's lead is printed.
