@@ -11,6 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ALL = "HVDKIT_TEST_ALL"
+# tests/ranked/ runs inside the ranks of a job (tests/in_ranks.py, tests/test_in_ranks.py).
+collect_ignore = [] if os.environ.get("HVDKIT_IN_RANKS") else ["ranked"]
 
 
 def pytest_collection_modifyitems(config, items) -> None:

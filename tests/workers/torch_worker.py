@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -105,116 +104,6 @@ def one_step(args):
     emit(diff=diff, moved=moved)
 
 
-def accumulate(args):
-    """backward_passes_per_step=2: two micro-batches per rank, one reduced step, equal to one
-    single-process step over all four micro-batches (sum of per-micro-batch mean losses,
-    averaged over ranks)."""
-    b, lr = 4, 0.1
-    hvd.init()
-    x, y = data(2 * b * hvd.size(), seed=11)
-    model = make_model(0)
-    session = hvd.setup(
-        model, torch.optim.SGD(model.parameters(), lr=lr), backward_passes_per_step=2
-    )
-    session.optimizer.zero_grad()
-    for m in range(2):
-        part = slice((2 * hvd.rank() + m) * b, (2 * hvd.rank() + m + 1) * b)
-        F.cross_entropy(session.model(x[part]), y[part]).backward()
-    session.optimizer.step()
-    ref = make_model(0)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr * hvd.size())
-    parts = [slice(i * b, (i + 1) * b) for i in range(2 * hvd.size())]
-    (sum(F.cross_entropy(ref(x[p]), y[p]) for p in parts) / hvd.size()).backward()
-    ref_opt.step()
-    emit(diff=(flat(session.model) - flat(ref)).abs().max().item())
-
-
-def sharp_edges(args):
-    """channels_last broadcast, fresh AdamW broadcast, zero_grad(set_to_none), AMP + clip."""
-    hvd.init()
-    torch.manual_seed(hvd.rank())
-    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
-    assert not conv.weight.is_contiguous()
-    hvd.broadcast_parameters(conv.state_dict(), root_rank=0)
-    conv_sum = conv.weight.detach().sum().item()
-
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(4, 4)
-    before = flat(lin).clone()
-    adamw = torch.optim.AdamW(lin.parameters(), lr=0.1, weight_decay=0.5)
-    hvd.broadcast_optimizer_state(adamw, root_rank=0)
-    spurious = (flat(lin) - before).abs().max().item()
-
-    # Optimizer state that is channels_last (AdamW moments of the conv), broadcast from rank 0.
-    opt = hvd.DistributedOptimizer(
-        torch.optim.AdamW(conv.parameters(), lr=0.01), named_parameters=conv.named_parameters()
-    )
-    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last) * (hvd.rank() + 1)
-    conv(x).square().mean().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    grads_none = all(p.grad is None for p in conv.parameters())
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
-    exp_avg = hashlib.sha256(
-        b"".join(s["exp_avg"].contiguous().numpy().tobytes() for s in opt.state.values())
-    ).hexdigest()
-
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = conv(x).float().square().mean() * 1e3
-    norm = hvd.backward_and_step(loss, opt, scaler=scaler, clip_grad_norm=0.5)
-    clipped = torch.nn.utils.get_total_norm([p.grad for p in conv.parameters()]).item()
-    emit(
-        conv_sum=conv_sum,
-        spurious=spurious,
-        grads_none=grads_none,
-        exp_avg=exp_avg,
-        norm=float(norm),
-        clipped=clipped,
-        weight=digest(conv),
-    )
-
-
-def warmup(args):
-    """Effective LR per step, read off SGD's update of a weight whose gradient is 1, with the
-    scheduler made before setup() (given to it) and after it (on the session's optimizer),
-    and the warnings torch gave about the order of the steps."""
-    out = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for when in ("before", "after"):
-            w = torch.nn.Linear(1, 1, bias=False)
-            torch.nn.init.zeros_(w.weight)
-            opt = torch.optim.SGD(w.parameters(), lr=0.1)
-            if when == "before":
-                sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-                session = hvd.setup(w, opt, scheduler=sched, warmup_steps=4)
-            else:
-                session = hvd.setup(w, opt, warmup_steps=4)
-                sched = torch.optim.lr_scheduler.StepLR(session.optimizer, 3, gamma=0.5)
-            lrs = []
-            for _ in range(7):
-                before = w.weight.item()
-                session.optimizer.zero_grad()
-                session.backward_and_step(w.weight.sum())
-                sched.step()
-                lrs.append(before - w.weight.item())
-            out[f"lrs_{when}"] = lrs
-            out[f"group_lr_{when}"] = session.optimizer.param_groups[0]["lr"]
-    out["warnings"] = [str(c.message)[:120] for c in caught if "lr_scheduler" in str(c.message)]
-    emit(**out)
-
-
-def metrics(args):
-    """Unequal shards: rank r holds r + 1 samples of value 10 * (r + 1)."""
-    hvd.init()
-    n = hvd.rank() + 1
-    values = [10.0 * n] * n
-    lin = torch.nn.Linear(1, 1)
-    session = hvd.setup(lin, torch.optim.SGD(lin.parameters(), lr=0.1))
-    emit(mean=session.average(sum(values), len(values)))
-
-
 def horovod_script(args):
     """A horovod.torch-style script with only the import changed (Horovod's MNIST shape)."""
     hvd.init()
@@ -260,10 +149,6 @@ def main():
     modes = {
         "train": train,
         "one_step": one_step,
-        "sharp_edges": sharp_edges,
-        "warmup": warmup,
-        "metrics": metrics,
-        "accumulate": accumulate,
         "horovod_script": horovod_script,
     }
     modes[args.mode](args)

@@ -1,0 +1,62 @@
+"""The test files under tests/ranked/, each run inside the ranks of one 2-rank job
+(tests/in_ranks.py): one outer test per test function there, its outcome on every rank; a
+failing rank's traceback, or the test a rank hung or died in, is the failure's message."""
+
+from __future__ import annotations
+
+import pytest
+from in_ranks import RANKED, Job, run, ranked_tests
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(960)]
+
+CASES = [(path, name) for path in sorted(RANKED.glob("test_*.py")) for name in ranked_tests(path)]
+_jobs: dict = {}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    def job(path) -> Job:
+        if path not in _jobs:
+            _jobs[path] = run(path, tmp_path_factory.mktemp(path.stem))
+        return _jobs[path]
+
+    return job
+
+
+@pytest.mark.parametrize(("path", "name"), CASES, ids=[f"{p.stem}::{n}" for p, n in CASES])
+def test_in_ranks(jobs, path, name):
+    job = jobs(path)
+    problems = job.problems(name)
+    assert not problems, "\n".join(problems)
+    why = job.skipped(name)
+    if why:
+        pytest.skip(why)
+
+
+def test_the_harness_names_a_failing_rank_and_a_hung_one(tmp_path):
+    """A test that fails on one rank stops the job there, with that rank's traceback; a rank
+    left waiting in a collective times out with its threads' stacks; the tests after them
+    are reported as not run, not passed."""
+    (tmp_path / "conftest.py").write_text("from ranked.conftest import horovod  # noqa: F401\n")
+    failing = tmp_path / "test_failing.py"
+    failing.write_text(
+        "def test_fails_on_rank_1(horovod):\n"
+        "    assert horovod.rank() == 0, 'rank 1 disagrees'\n"
+        "def test_after(horovod):\n"
+        "    pass\n"
+    )
+    job = run(failing, tmp_path / "failing", per_test=20, timeout=300)
+    why = "\n".join(job.problems("test_fails_on_rank_1"))
+    assert "rank 1: " in why and "rank 1 disagrees" in why, why
+    assert "no outcome" in "\n".join(job.problems("test_after"))
+
+    hung = tmp_path / "test_hung.py"
+    hung.write_text(
+        "import torch\n"
+        "def test_rank_0_waits_alone(horovod):\n"
+        "    if horovod.rank() == 0:\n"
+        "        horovod.allreduce(torch.ones(1), name='only_rank_0')\n"
+    )
+    job = run(hung, tmp_path / "hung", per_test=10, timeout=300)
+    why = "\n".join(job.problems("test_rank_0_waits_alone"))
+    assert "rank 0 timed out in" in why and "allreduce" in why, why
