@@ -6,7 +6,8 @@ The ranks stop at the first failure: a rank whose test failed exits at once (hor
 stops the others, which may be waiting in that test's collectives); a rank whose test passed
 learns from the others (``allgather``, set by the ranked files' conftest) that it may go on. A
 test that runs past ``$HVDKIT_IN_RANKS_TIMEOUT`` seconds on a rank (a hang) writes every
-thread's stack to ``rank-N.stacks`` and ends the rank (:func:`faulthandler.dump_traceback_later`)."""
+thread's stack to ``rank-N.stacks`` and ends the rank
+(:func:`faulthandler.dump_traceback_later`)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def pytest_runtest_logstart(nodeid: str, location) -> None:
     _write({"test": nodeid, "event": "start"})
     global _stacks
     if _stacks is None:
-        _stacks = open(_where("stacks"), "w")  # noqa: SIM115 (open while the rank runs)
+        _stacks = open(_where("stacks"), "w")
     _stacks.write(f"--- {nodeid}\n")
     _stacks.flush()
     faulthandler.dump_traceback_later(float(os.environ.get("HVDKIT_IN_RANKS_TIMEOUT", "120")),
@@ -85,6 +86,6 @@ def _agree(nodeid: str) -> None:
         return
     try:
         allgather(True)
-    except Exception as exc:  # another rank exited: Horovod stopped
+    except Exception as exc:  # noqa: BLE001 (another rank exited: Horovod stopped)
         _write({"test": nodeid, "event": "stop", "why": f"another rank stopped: {exc}"})
         _session.shouldstop = "another rank stopped"

@@ -5,7 +5,7 @@ failing rank's traceback, or the test a rank hung or died in, is the failure's m
 from __future__ import annotations
 
 import pytest
-from in_ranks import RANKED, Job, run, ranked_tests
+from in_ranks import RANKED, Job, ranked_tests, run
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(960)]
 
