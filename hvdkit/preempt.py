@@ -173,17 +173,25 @@ def announce(by: str, epoch: int, batches: int, step: int, path: Any) -> str:
 
 
 def _restore_in_child() -> None:
-    """In a forked child (a PyDataset or DataLoader worker), the signals' handlers before
-    :meth:`Preemption.install`: a child that kept the flag-setting handler would survive the
-    SIGTERM its pool stops it with, and the rank would wait for it at exit."""
+    """In a forked child (a PyDataset or DataLoader worker), SIGTERM and SIGUSR1 as they were
+    before :meth:`Preemption.install`, and SIGTERM's default action where Python's table says
+    default: a handler installed below Python (XLA's preemption notifier under JAX) is
+    inherited too. A worker that kept either would survive the SIGTERM its pool stops it
+    with, and the rank would wait for it at exit, or leave it behind. A script's own Python
+    handler is kept."""
     for sig in SIGNALS:
         handler = signal.getsignal(sig)
         owner = getattr(handler, "__self__", None)
         if isinstance(owner, Preemption) and sig in owner._installed:
-            try:
-                signal.signal(sig, owner._installed[sig])
-            except ValueError:  # not the child's main thread: _on_signal's own check remains
-                pass
+            restore = owner._installed[sig]
+        elif sig == signal.SIGTERM and handler in (signal.SIG_DFL, None):
+            restore = signal.SIG_DFL
+        else:
+            continue
+        try:
+            signal.signal(sig, restore)
+        except ValueError:  # not the child's main thread: _on_signal's own check remains
+            pass
 
 
 os.register_at_fork(after_in_child=_restore_in_child)

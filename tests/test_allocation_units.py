@@ -364,6 +364,28 @@ def test_a_forked_worker_dies_of_sigterm_while_the_rank_keeps_its_flag():
                                    str(int(signal.SIGTERM))]  # fmt: skip
 
 
+def test_a_forked_worker_dies_of_sigterm_under_a_handler_installed_below_python():
+    """XLA's preemption notifier (Keras on JAX) installs a SIGTERM handler in C, which
+    Python's table does not show: a forked PyDataset worker inherited it, survived its pool's
+    SIGTERM, and lived on after the job (2 orphans after each 2-rank JAX run, and a 270 s
+    wait). Here a C-level handler is put in with libc's signal()."""
+    child = (
+        "import ctypes, multiprocessing as mp, signal, time\n"
+        "from hvdkit import preempt\n"
+        "libc = ctypes.CDLL(None)\n"
+        "handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(lambda s: None)\n"
+        "libc.signal(signal.SIGTERM, handler)\n"
+        "w = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
+        "w.start(); time.sleep(0.5); w.terminate(); w.join(10)\n"
+        "print(w.exitcode)\n"
+        "if w.exitcode is None: w.kill()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGTERM)]
+
+
 def test_relay_finds_the_guards_below_horovodrun():
     from hvdkit.launch.preemption import descendants
 
