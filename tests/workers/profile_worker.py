@@ -19,8 +19,9 @@ def report(rank: int, weights) -> None:
     print("RESULT " + json.dumps({"rank": rank, "digest": digest}), flush=True)
 
 
-LATENCY = 0.006  # per sample: 96 ms per batch of 16, the data phase at least 5x any other even
-# with both cores busy (make profile-under-load): a sleep, so a loaded CPU does not stretch it
+LATENCY = 0.012  # per sample: 192 ms per batch of 16, so the data phase leads the others by 5x
+# or more with both cores busy (make profile-under-load: at 6 ms the Horovod script's lead was
+# 2.6-5.5x); a sleep, so a loaded CPU does not stretch it
 
 
 def horovod_script() -> None:
