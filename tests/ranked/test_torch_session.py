@@ -11,25 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ranked.conftest import same_on_every_rank
-from workers.torch_worker import data, digest, flat, make_model
+from workers.torch_worker import data, digest, flat, make_model, one_step_models
 
 
 def test_one_step_np2_equals_np1_with_double_batch(horovod):
     """np=2 with per-rank batch B and LR scaled by size == np=1 with batch 2B and LR x 2."""
-    hvd, b, lr = horovod, 4, 0.1
-    x, y = data(b * hvd.size(), seed=7)
-    model = make_model(0)
-    session = hvd.setup(model, torch.optim.SGD(model.parameters(), lr=lr))
-    mine = slice(hvd.rank() * b, (hvd.rank() + 1) * b)
-    session.optimizer.zero_grad()
-    session.backward_and_step(F.cross_entropy(session.model(x[mine]), y[mine]))
-    ref = make_model(0)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr * hvd.size())
-    F.cross_entropy(ref(x), y).backward()
-    ref_opt.step()
-    assert (flat(session.model) - flat(make_model(0))).abs().max().item() > 1e-3  # it moved
-    assert (flat(session.model) - flat(ref)).abs().max().item() < 1e-6
-    assert same_on_every_rank(hvd, digest(session.model))
+    model, ref = one_step_models()
+    assert (flat(model) - flat(make_model(0))).abs().max().item() > 1e-3  # it moved
+    assert (flat(model) - flat(ref)).abs().max().item() < 1e-6
+    assert same_on_every_rank(horovod, digest(model))
 
 
 def test_gradient_accumulation_matches_one_big_step(horovod):

@@ -84,13 +84,13 @@ def train(args):
     )
 
 
-def one_step(args):
-    """np=2 with per-rank batch B and LR scaled by size == np=1 with batch 2B and LR x 2."""
-    b = 4
+def one_step_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """One step of the session at per-rank batch B, and one process's step at batch B x size
+    and the LR x size (the oracle): the two models after it."""
+    b, lr = 4, 0.1
     hvd.init()
     x, y = data(b * hvd.size(), seed=7)
     model = make_model(0)
-    lr = 0.1
     session = hvd.setup(model, torch.optim.SGD(model.parameters(), lr=lr))
     mine = slice(hvd.rank() * b, (hvd.rank() + 1) * b)
     session.optimizer.zero_grad()
@@ -99,8 +99,14 @@ def one_step(args):
     ref_opt = torch.optim.SGD(ref.parameters(), lr=lr * hvd.size())
     F.cross_entropy(ref(x), y).backward()
     ref_opt.step()
-    diff = (flat(session.model) - flat(ref)).abs().max().item()
-    moved = (flat(session.model) - flat(make_model(0))).abs().max().item()
+    return session.model, ref
+
+
+def one_step(args):
+    """np=2 with per-rank batch B and LR scaled by size == np=1 with batch 2B and LR x 2."""
+    model, ref = one_step_models()
+    diff = (flat(model) - flat(ref)).abs().max().item()
+    moved = (flat(model) - flat(make_model(0))).abs().max().item()
     emit(diff=diff, moved=moved)
 
 
