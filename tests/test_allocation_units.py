@@ -336,6 +336,20 @@ def test_after_the_checkpoint_horovodruns_stop_of_the_other_ranks_is_expected():
     assert done.returncode == -signal.SIGTERM, done.stderr
 
 
+# A forked child that sleeps, stopped by SIGTERM as a pool stops its workers (its exit code
+# after a 10 s wait: -15 if SIGTERM ended it, None if it survived).
+FORK_AND_STOP = ("mp.get_context('fork').Process(target=time.sleep, args=(60,)); w.start(); "
+                 "time.sleep(0.5); w.terminate(); w.join(10)")  # fmt: skip
+
+
+def forked_child(code: str) -> list[str]:
+    """Run ``code`` in a fresh Python; the words it printed."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
 def test_a_forked_worker_dies_of_sigterm_while_the_rank_keeps_its_flag():
     """Keras PyDataset and torch DataLoader workers are forked from a rank whose preemption
     handler is installed: they must not inherit it, or the pool's SIGTERM only sets a flag in
@@ -349,18 +363,14 @@ def test_a_forked_worker_dies_of_sigterm_while_the_rank_keeps_its_flag():
         "assert p.install()\n"
         "codes = []\n"
         "def fork_and_stop():\n"
-        "    w = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
-        "    w.start(); time.sleep(0.5); w.terminate(); w.join(10)\n"
+        f"    w = {FORK_AND_STOP}\n"
         "    codes.append(w.exitcode)\n"
         "fork_and_stop()\n"
         "t = threading.Thread(target=fork_and_stop); t.start(); t.join()\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)\n"
         "print(codes, p.received)\n"
     )
-    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [f"[{-signal.SIGTERM},", f"{-signal.SIGTERM}]",
+    assert forked_child(child) == [f"[{-signal.SIGTERM},", f"{-signal.SIGTERM}]",
                                    str(int(signal.SIGTERM))]  # fmt: skip
 
 
@@ -375,15 +385,11 @@ def test_a_forked_worker_dies_of_sigterm_under_a_handler_installed_below_python(
         "libc = ctypes.CDLL(None)\n"
         "handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(lambda s: None)\n"
         "libc.signal(signal.SIGTERM, handler)\n"
-        "w = mp.get_context('fork').Process(target=time.sleep, args=(60,))\n"
-        "w.start(); time.sleep(0.5); w.terminate(); w.join(10)\n"
+        f"w = {FORK_AND_STOP}\n"
         "print(w.exitcode)\n"
         "if w.exitcode is None: w.kill()\n"
     )
-    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(-signal.SIGTERM)]
+    assert forked_child(child) == [str(-signal.SIGTERM)]
 
 
 def test_relay_finds_the_guards_below_horovodrun():
