@@ -32,7 +32,6 @@ BUDGETED: dict[str, float] = {
     "test_launch_ssh.py::test_hvdkit_run_and_doctor_across_two_ssh_hosts": 110,
     "test_console.py::test_make_run_prints_clean_whole_lines": 45,
     "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[torch-gloo]": 30,
-    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[torch-float]": 25,
     "test_examples_torch.py::test_synthetic_benchmark_compare_prints_ratio": 20,
     # Whole-run checks whose parts the core runs: the bench's workers and plan
     # (test_bench_units.py), `make setup` (CI's own, test_packaging.py's install).
@@ -56,10 +55,6 @@ BUDGETED: dict[str, float] = {
     "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[tensorflow-mpi]": 30,
     "test_keras_collectives.py::test_sync_batch_normalization_equals_batch_norm_on_the_global"
     "_batch[torch]": 20,
-    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
-    "[tensorflow-schedule]": 15,
-    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
-    "[torch-float]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
     # Keras on JAX through the engines: the runtime starts from Horovod's world as under
     # hvdkit run (test_keras_jax.py, and across hosts in test_launch_ssh.py).
@@ -92,7 +87,6 @@ BUDGETED: dict[str, float] = {
     # 2 ranks through setup() on both frameworks, and first-run trains this example.
     "test_examples_torch.py::test_mnist_mlp_reaches_90_percent_on_digits": 35,
     "test_torch_adapter.py::test_params_identical_on_all_ranks_after_training[gloo]": 15,
-    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit[tensorflow-fit]": 20,
     # Engines: local Ray and local[2] Spark runs, and bad input, stay in the core.
     "test_ray.py::test_two_ray_nodes_started_with_ray_start": 75,
     "test_ray.py::test_a_failing_rank_or_a_killed_actor_stops_the_job": 30,
@@ -105,23 +99,11 @@ BUDGETED: dict[str, float] = {
     "test_preemption.py::test_a_signal_on_one_rank_stops_all_at_one_step_and_resume_matches": 40,
     "test_direct_start.py::test_srun_style_start_stops_every_task_with_the_fix[keras]": 20,
     "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 25,
-    "test_torch_adapter.py::test_gradient_accumulation_matches_one_big_step": 15,
     "test_torch_adapter.py::test_uneven_shards_finish_and_checkpoint_once": 15,
     "test_torch_sync.py::test_lazy_modules_get_a_clear_error_on_every_rank": 15,
     "test_keras_adapter.py::test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast"
     "[torch]": 95,
     "test_keras_adapter.py::test_bad_checkpoint_stops_every_rank_naming_the_file[torch]": 30,
-    "test_keras_adapter.py::test_metric_average_is_global_on_unequal_shards_whatever_the"
-    "_callback_order[torch]": 35,
-    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit[torch-fit_eager]": 30,
-    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit"
-    "[tensorflow-fit_eager]": 20,
-    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[torch-schedule]": 25,
-    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[tensorflow-float]": 20,
-    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
-    "[torch-schedule]": 20,
-    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
-    "[tensorflow-float]": 15,
     "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[tensorflow-gloo]": 20,
     "test_keras_parity.py::test_ranks_that_drift_apart_stop_the_job[torch]": 30,
     "test_keras_parity.py::test_the_sync_guard_can_be_turned_off": 20,
@@ -153,15 +135,6 @@ BUDGETED: dict[str, float] = {
     "test_zero.py::test_keras_distributed_optimizer_with_compression_bf16[torch]": 8,
     # Issue 42 (2026-11-27): the Keras adapter's tests on JAX; tests/test_keras_jax.py (core)
     # trains against the one-process oracle and checks the collectives and refusals there.
-    "test_keras_adapter.py::test_one_step_np2_equals_np1_with_double_batch[jax]": 17,
-    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit[jax-fit]": 16,
-    "test_keras_adapter.py::test_weights_identical_on_all_ranks_after_fit[jax-fit_eager]": 19,
-    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[jax-float]": 10,
-    "test_keras_adapter.py::test_warmup_reaches_full_lr_at_the_right_step[jax-schedule]": 12,
-    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
-    "[jax-float]": 10,
-    "test_keras_adapter.py::test_lr_schedule_callback_multiplies_from_its_start_epoch"
-    "[jax-schedule]": 11,
     "test_keras_adapter.py::test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast[jax]": 44,
     "test_keras_adapter.py::test_bad_checkpoint_stops_every_rank_naming_the_file[jax]": 13,
     "test_zero.py::test_an_elastic_kill_re_cuts_the_slices_for_each_world[plain]": 24,

@@ -32,6 +32,18 @@ def ranked_tests(path: Path) -> list[str]:
             and n.name.startswith("test_")]  # fmt: skip
 
 
+def variants(path: Path) -> dict[str, dict[str, str]]:
+    """The jobs a ranked file runs in, by name, with their environment: one per Keras backend
+    where the file lists ``KERAS_BACKENDS`` (its tests then get hvdkit.keras), else one."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "KERAS_BACKENDS" for t in node.targets
+        ):
+            return {b: {"HVDKIT_IN_RANKS_API": "keras", "KERAS_BACKEND": b}
+                    for b in ast.literal_eval(node.value)}  # fmt: skip
+    return {"": {}}
+
+
 @dataclass
 class Job:
     """What one job's ranks reported: ``{test function: {rank: [outcome lines]}}``."""
@@ -88,7 +100,11 @@ class Job:
     def skipped(self, name: str) -> str | None:
         outcomes = [ln for lines in self.outcomes(name).values() for ln in lines]
         if outcomes and all(ln["outcome"] == "skipped" for ln in outcomes):
-            return outcomes[0].get("longrepr", "skipped")
+            why = outcomes[0].get("longrepr", "skipped")
+            try:  # pytest's (file, line, reason)
+                return str(ast.literal_eval(why)[2])
+            except (ValueError, SyntaxError, IndexError, TypeError):
+                return why
         return None
 
 

@@ -5,27 +5,31 @@ failing rank's traceback, or the test a rank hung or died in, is the failure's m
 from __future__ import annotations
 
 import pytest
-from in_ranks import RANKED, Job, ranked_tests, run
+from in_ranks import RANKED, Job, ranked_tests, run, variants
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(960)]
 
-CASES = [(path, name) for path in sorted(RANKED.glob("test_*.py")) for name in ranked_tests(path)]
+CASES = [(path, variant, name) for path in sorted(RANKED.glob("test_*.py"))
+         for variant in variants(path) for name in ranked_tests(path)]  # fmt: skip
 _jobs: dict = {}
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    def job(path) -> Job:
-        if path not in _jobs:
-            _jobs[path] = run(path, tmp_path_factory.mktemp(path.stem))
-        return _jobs[path]
+    def job(path, variant) -> Job:
+        if (path, variant) not in _jobs:
+            where = tmp_path_factory.mktemp(f"{path.stem}-{variant}" if variant else path.stem)
+            _jobs[path, variant] = run(path, where, env=variants(path)[variant])
+        return _jobs[path, variant]
 
     return job
 
 
-@pytest.mark.parametrize(("path", "name"), CASES, ids=[f"{p.stem}::{n}" for p, n in CASES])
-def test_in_ranks(jobs, path, name):
-    job = jobs(path)
+@pytest.mark.parametrize(("path", "variant", "name"), CASES,
+                         ids=[f"{p.stem}-{v}::{n}" if v else f"{p.stem}::{n}"
+                              for p, v, n in CASES])  # fmt: skip
+def test_in_ranks(jobs, path, variant, name):
+    job = jobs(path, variant)
     problems = job.problems(name)
     assert not problems, "\n".join(problems)
     why = job.skipped(name)

@@ -1,4 +1,7 @@
-"""hvdkit.keras on Keras 3 with real processes, on both backends Horovod can serve and JAX."""
+"""hvdkit.keras on Keras 3 with real processes, on both backends Horovod can serve and JAX: the
+checks that need jobs of their own (a resume is a second job). Its in-process checks (fit,
+one step against one process, metric averaging, the LR callbacks) run inside the ranks of one
+job per backend: tests/ranked/test_keras_fit.py."""
 
 from __future__ import annotations
 
@@ -15,55 +18,6 @@ BACKENDS = ["tensorflow", "torch", "jax"]
 def keras_backend(request, monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", request.param)
     return request.param
-
-
-@pytest.mark.parametrize("mode", ["fit", "fit_eager"])
-def test_weights_identical_on_all_ranks_after_fit(keras_backend, mode):
-    r = results(horovodrun("keras_worker.py", mode))
-    assert r[0]["backend"] == keras_backend == os.environ["KERAS_BACKEND"]
-    assert r[0]["weights"] == r[1]["weights"]
-    share = max(1, len(os.sched_getaffinity(0)) // 2)  # each rank's share of the cores
-    assert r[0]["threads"] and all(t == share for rank in (0, 1) for t in r[rank]["threads"]), r
-
-
-def test_one_step_np2_equals_np1_with_double_batch(keras_backend):
-    r = results(horovodrun("keras_worker.py", "one_step"))
-    for rank in (0, 1):
-        assert r[rank]["moved"] > 1e-3
-        assert r[rank]["diff"] < 1e-5, r[rank]
-
-
-def test_metric_average_is_global_on_unequal_shards_whatever_the_callback_order(keras_backend):
-    if keras_backend == "jax":
-        pytest.skip("unequal shards are refused on JAX, every rank told (test_keras_jax.py)")
-    r = results(horovodrun("keras_worker.py", "metrics"))
-    for rank in (0, 1):
-        seen = r[rank]["seen"]
-        assert seen["loss"] == pytest.approx(r[rank]["loss"], rel=1e-5)
-        assert seen["mae"] == pytest.approx(r[rank]["mae"], rel=1e-5)
-        assert seen["val_loss"] == pytest.approx(r[rank]["val_loss"], rel=1e-5)
-
-
-@pytest.mark.parametrize("kind", ["float", "schedule"])
-def test_warmup_reaches_full_lr_at_the_right_step(keras_backend, kind):
-    r = results(horovodrun("keras_worker.py", f"warmup_{kind}"))
-    # Horovod's ramp, 2 ranks, 4 warmup steps: initial_lr on the last warmup batch.
-    ramp = [0.625, 0.75, 0.875, 1.0, 1.0, 1.0, 1.0, 1.0]
-    base = [0.2 * (0.9**i if kind == "schedule" else 1.0) for i in range(8)]
-    expected = [b * m for b, m in zip(base, ramp, strict=True)]
-    for rank in (0, 1):
-        assert r[rank]["lrs"] == pytest.approx(expected, rel=1e-4)
-
-
-@pytest.mark.parametrize("kind", ["float", "schedule"])
-def test_lr_schedule_callback_multiplies_from_its_start_epoch(keras_backend, kind):
-    r = results(horovodrun("keras_worker.py", f"lr_schedule_{kind}"))
-    multipliers = [1, 1, 0.5, 0.5, 0.25, 0.25]  # 2 steps per epoch, x0.5 per epoch from 1
-    base = [0.2 * (0.9**i if kind == "schedule" else 1.0) for i in range(6)]
-    expected = [b * m for b, m in zip(base, multipliers, strict=True)]
-    for rank in (0, 1):
-        assert r[rank]["lrs"] == pytest.approx(expected, rel=1e-4)
-        assert len(r[rank]["logged"]) == 3
 
 
 def test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast(keras_backend, tmp_path):

@@ -1,4 +1,5 @@
-"""Run under horovodrun by tests/test_keras_adapter.py (set KERAS_BACKEND first)."""
+"""Run under horovodrun by tests/test_keras_adapter.py (set KERAS_BACKEND first), or imported by
+tests/ranked/test_keras_fit.py inside the ranks of one job: each mode returns its results."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def digest(model: keras.Model) -> str:
     return hashlib.sha256(weights(model).astype(np.float32).tobytes()).hexdigest()
 
 
-def fit(run_eagerly: bool) -> None:
+def fit(run_eagerly: bool) -> dict:
     hvd.init()
     model = model_for(seed=hvd.rank())  # different on purpose: the callback must fix it
     opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01 * hvd.size()))
@@ -51,7 +52,7 @@ def fit(run_eagerly: bool) -> None:
         verbose=0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
     )
-    emit(weights=digest(model), backend=keras.config.backend(), threads=cpu_threads())
+    return dict(weights=digest(model), backend=keras.config.backend(), threads=cpu_threads())
 
 
 def cpu_threads() -> list[int]:
@@ -68,7 +69,7 @@ def cpu_threads() -> list[int]:
             tf.config.threading.get_inter_op_parallelism_threads()]  # fmt: skip
 
 
-def one_step() -> None:
+def one_step() -> dict:
     """np=2 x batch B with LR x size == np=1 x batch 2B."""
     hvd.init()
     b, lr = 8, 0.05
@@ -87,7 +88,7 @@ def one_step() -> None:
     ref.compile(optimizer=keras.optimizers.SGD(lr * hvd.size()), loss="mse", jit_compile=False)
     ref.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
     start = weights(model_for(0))
-    emit(
+    return dict(
         diff=float(np.abs(weights(model) - weights(ref)).max()),
         moved=float(np.abs(weights(model) - start).max()),
     )
@@ -102,7 +103,7 @@ class Recorder(keras.callbacks.Callback):
         self.logs.append(dict(logs))
 
 
-def metrics() -> None:
+def metrics() -> dict:
     """Unequal shards (16 vs 48 samples, 20 vs 6 validation), LR 0 so the model is fixed: the
     logs every callback sees must be the global per-sample means."""
     hvd.init()
@@ -130,7 +131,7 @@ def metrics() -> None:
         callbacks=[recorder, hvd.callbacks.MetricAverageCallback()],
     )
     pred, vpred = keras.ops.convert_to_numpy(model(x)), keras.ops.convert_to_numpy(model(vx))
-    emit(
+    return dict(
         seen=recorder.logs[-1],
         loss=float(np.mean((pred - y) ** 2)),
         mae=float(np.mean(np.abs(pred - y))),
@@ -170,23 +171,23 @@ def fit_lr_probe(schedule: bool, samples: int, epochs: int, callback) -> tuple[l
     return [kernels[i] - kernels[i + 1] for i in range(len(kernels) - 1)], history.history
 
 
-def warmup(schedule: bool) -> None:
+def warmup(schedule: bool) -> dict:
     """LearningRateWarmupCallback over the first epoch (4 steps)."""
     callback = hvd.callbacks.LearningRateWarmupCallback(None if schedule else 0.2, warmup_epochs=1)
     lrs, _ = fit_lr_probe(schedule, samples=8, epochs=2, callback=callback)
-    emit(lrs=lrs)
+    return dict(lrs=lrs)
 
 
-def lr_schedule(schedule: bool) -> None:
+def lr_schedule(schedule: bool) -> dict:
     """LearningRateScheduleCallback: x0.5 per epoch from epoch 1."""
     callback = hvd.callbacks.LearningRateScheduleCallback(
         None if schedule else 0.2, multiplier=lambda epoch: 0.5**epoch, start_epoch=1
     )
     lrs, history = fit_lr_probe(schedule, samples=4, epochs=3, callback=callback)
-    emit(lrs=lrs, logged=history["lr"])
+    return dict(lrs=lrs, logged=history["lr"])
 
 
-def resume(base: str, epochs: int) -> None:
+def resume(base: str, epochs: int) -> dict:
     """hvdkit.keras.setup with a checkpoint. Each rank works in its own directory, as on hosts
     without a shared filesystem: only rank 0's may hold files, and the others must get the
     resumed state by broadcast."""
@@ -233,7 +234,7 @@ def resume(base: str, epochs: int) -> None:
     if hvd.rank() == 0:
         loaded = hvd.load_model("best.keras")
         loaded_ok = bool(getattr(loaded.optimizer, "_hvdkit_distributed", False))
-    emit(
+    return dict(
         ran=ran,
         steps_at=steps_at,
         weights=[round(float(w), 6) for w in weights(model)],
@@ -260,4 +261,4 @@ if __name__ == "__main__":
         "lr_schedule_schedule": lambda: lr_schedule(True),
         "resume": lambda: resume(sys.argv[2], int(sys.argv[3])),
     }
-    modes[mode]()
+    emit(**modes[mode]())
