@@ -53,8 +53,6 @@ BUDGETED: dict[str, float] = {
     "test_launch_ssh.py::test_elastic_kill_across_two_ssh_hosts": 30,
     # The other Keras backend, controller or mode of a case the core runs.
     "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[tensorflow-mpi]": 30,
-    "test_keras_collectives.py::test_sync_batch_normalization_equals_batch_norm_on_the_global"
-    "_batch[torch]": 20,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 20,
     # Keras on JAX through the engines: the runtime starts from Horovod's world as under
     # hvdkit run (test_keras_jax.py, and across hosts in test_launch_ssh.py).
@@ -100,7 +98,6 @@ BUDGETED: dict[str, float] = {
     "test_direct_start.py::test_srun_style_start_stops_every_task_with_the_fix[keras]": 20,
     "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 25,
     "test_torch_adapter.py::test_uneven_shards_finish_and_checkpoint_once": 15,
-    "test_torch_sync.py::test_lazy_modules_get_a_clear_error_on_every_rank": 15,
     "test_keras_adapter.py::test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast"
     "[torch]": 95,
     "test_keras_adapter.py::test_bad_checkpoint_stops_every_rank_naming_the_file[torch]": 30,

@@ -24,15 +24,3 @@ def test_collectives_on_every_backend(keras_backend, controller, tmp_path, monke
         assert not failed, f"rank {rank}: {failed}"
     text = (tmp_path / "timeline.json.0").read_text()
     assert text.startswith("[") and '"shape": "[4]"' in text  # the timed allreduce of 4 values
-
-
-@pytest.mark.parametrize("keras_backend", ["tensorflow", "torch"])
-def test_sync_batch_normalization_equals_batch_norm_on_the_global_batch(
-    keras_backend, monkeypatch
-):
-    monkeypatch.setenv("KERAS_BACKEND", keras_backend)
-    r = results(horovodrun("keras_syncbn_worker.py"))
-    for rank in (0, 1):
-        failed = [name for name, ok in r[rank]["checks"].items() if not ok]
-        assert not failed, f"rank {rank}: {failed}"
-    assert r[0]["weights"] == r[1]["weights"]  # both ranks hold the same moving statistics

@@ -114,6 +114,15 @@ def test_host_values_keep_numpy_and_jax_dtypes_and_type_python_values_as_keras_d
     assert on_jax.host_value(0.5).dtype == np.float32 and on_jax.host_value(True).dtype == bool
 
 
+def test_a_traced_value_is_refused_with_where_to_call_instead():
+    import jax
+
+    with pytest.raises(TypeError, match="traced JAX value .* jit_compile=False"):
+        jax.jit(on_jax.host_value)(np.ones(2, np.float32))
+    assert not on_jax.JaxBackend().holds_global_batch(np.ones(2))  # this rank's own rows
+    assert jax.jit(lambda x: on_jax.JaxBackend().holds_global_batch(x) and x)(1.0)  # traced
+
+
 def test_dtypes_horovod_does_not_take_are_refused_by_name_and_bool_is_moved():
     hvd = _two_equal_ranks()
     for dtype in ("int8", "uint8", "int16", "bool"):

@@ -17,6 +17,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     variance, exactly as one process with the N * B rows would. One allreduce of each rank's
     per-channel sums, sums of squares and row count per call, differentiable on both backends
     (gradients flow to every rank's rows). Inference uses the moving statistics, as usual.
+    On JAX, ``fit``'s step already holds the global batch (sharded over the processes, compiled
+    or not), so the layer's statistics are global without a collective there; a call on this
+    rank's own arrays outside the step is reduced through Horovod as on the other backends.
 
     ``fused=False`` (Horovod's only accepted value, which Keras 3 no longer takes) is accepted
     and dropped; ``fused=True`` is refused, as Horovod does."""
@@ -28,7 +31,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 
     def _moments(self, inputs: Any, mask: Any) -> Any:
         hvd = backend.horovod()
-        if mask is not None or hvd.size() == 1:
+        if mask is not None or hvd.size() == 1 or backend.current().holds_global_batch(inputs):
             return super()._moments(inputs, mask)
         ops = keras.ops
         channels = inputs.shape[self.axis]

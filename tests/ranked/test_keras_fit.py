@@ -9,7 +9,7 @@ import os
 
 import pytest
 from ranked.conftest import gathered
-from workers import keras_worker
+from workers import keras_syncbn_worker, keras_worker
 
 KERAS_BACKENDS = ["tensorflow", "torch", "jax"]  # one job each (tests/in_ranks.py)
 
@@ -61,3 +61,21 @@ def test_lr_schedule_callback_multiplies_from_its_start_epoch(horovod, schedule)
     for rank in (0, 1):
         assert r[rank]["lrs"] == pytest.approx(expected, rel=1e-4)
         assert len(r[rank]["logged"]) == 3
+
+
+def test_sync_batch_normalization_equals_batch_norm_on_the_global_batch(horovod):
+    if os.environ["KERAS_BACKEND"] == "jax":
+        pytest.skip("the check differentiates through tf or torch (on JAX: the test below, in fit)")
+    r = gathered(horovod, keras_syncbn_worker.main())
+    for rank in (0, 1):
+        failed = [name for name, ok in r[rank]["checks"].items() if not ok]
+        assert not failed, f"rank {rank}: {failed}"
+    assert r[0]["weights"] == r[1]["weights"]  # both ranks hold the same moving statistics
+
+
+@pytest.mark.parametrize("mode", ["compiled", "no_jit", "eager"])
+def test_sync_batch_normalization_in_fit_equals_batch_norm_on_the_global_batch(horovod, mode):
+    """Compiled on JAX it used to fail deep in JAX (the step's values are traced)."""
+    r = gathered(horovod, keras_syncbn_worker.fit_check(mode))
+    assert r[0] == r[1]
+    assert r[0]["moved"] > 0.1 and r[0]["diff"] < 1e-5, r[0]

@@ -130,3 +130,13 @@ def test_metric_average_is_exact_on_unequal_shards(horovod):
         r + 1 for r in range(hvd.size())
     )
     assert session.average(10.0 * n * n, n) == pytest.approx(want)
+
+
+def test_lazy_modules_get_a_clear_error_on_every_rank(horovod):
+    torch.manual_seed(horovod.rank())
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    with pytest.raises(ValueError) as caught:
+        horovod.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert "uninitialized parameters of a lazy module" in str(caught.value)
+    assert "run one forward pass" in str(caught.value)
+    assert same_on_every_rank(horovod, True)  # every rank was told, none left waiting

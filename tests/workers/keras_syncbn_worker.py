@@ -1,9 +1,7 @@
-"""Run under horovodrun by tests/test_keras_collectives.py: SyncBatchNormalization on 2 ranks
-against keras.layers.BatchNormalization on the whole global batch in one process."""
+"""Imported by tests/ranked/test_keras_fit.py inside the ranks of one job: SyncBatchNormalization
+on 2 ranks against keras.layers.BatchNormalization on the whole global batch in one process."""
 
 from __future__ import annotations
-
-import json
 
 import keras
 import numpy as np
@@ -34,7 +32,7 @@ def grads_of(layer, x, weights):
     return out.numpy(), g[0].numpy(), [t.numpy() for t in g[1:]]
 
 
-def main() -> None:
+def main() -> dict:
     hvd.init()
     me, n = hvd.rank(), hvd.size()
     rng = np.random.default_rng(0)
@@ -65,9 +63,34 @@ def main() -> None:
             keras.ops.convert_to_numpy(ref(x[rows], training=False)), atol=1e-4),
     }  # fmt: skip
     weights_digest = float(sum(np.sum(keras.ops.convert_to_numpy(w)) for w in sync.weights))
-    print("RESULT " + json.dumps({"rank": me, "checks": {k: bool(v) for k, v in checks.items()},
-                                  "weights": weights_digest}), flush=True)  # fmt: skip
+    return {"checks": {k: bool(v) for k, v in checks.items()}, "weights": weights_digest}
 
 
-if __name__ == "__main__":
-    main()
+def fit_check(mode: str) -> dict:
+    """``fit`` of [SyncBatchNormalization, Dense] on 2 ranks, each its rows of the global batch,
+    against [BatchNormalization, Dense] fitted in this process on the global batch: the same
+    weights and moving statistics after a few steps. ``mode``: "compiled" (``compile``'s
+    defaults: XLA on JAX), "no_jit" (``jit_compile=False``) or "eager" (``run_eagerly``)."""
+    hvd.init()
+    me, n, b = hvd.rank(), hvd.size(), 4
+    rng = np.random.default_rng(1)
+    x = rng.normal(2.0, 3.0, size=(3 * b * n, 4)).astype("float32")
+    y = rng.normal(size=(3 * b * n, 1)).astype("float32")
+    # Each global batch of b * n rows: rank r holds its b rows of each.
+    mine = np.concatenate([np.arange(s + me * b, s + (me + 1) * b) for s in range(0, len(x), b * n)])
+
+    def model(norm: keras.layers.Layer) -> keras.Model:
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((4,)), norm, keras.layers.Dense(1)])
+
+    sync = model(hvd.SyncBatchNormalization(momentum=0.5))
+    compiled = {"no_jit": {"jit_compile": False}, "eager": {"run_eagerly": True}}.get(mode, {})
+    sync.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse",
+                 **compiled)  # fmt: skip
+    sync.fit(x[mine], y[mine], batch_size=b, epochs=1, shuffle=False, verbose=0)
+    ref = model(keras.layers.BatchNormalization(momentum=0.5))
+    ref.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=False)
+    ref.fit(x, y, batch_size=b * n, epochs=1, shuffle=False, verbose=0)
+    ours, theirs = ([np.ravel(keras.ops.convert_to_numpy(v)) for v in m.weights] for m in (sync, ref))
+    return {"diff": float(max(np.abs(a - c).max() for a, c in zip(ours, theirs, strict=True))),
+            "moved": float(np.abs(ours[2] - 0).max())}  # fmt: skip

@@ -31,16 +31,5 @@ def diverge() -> None:
                 session.model[2].weight.add_(0.5)
 
 
-def lazy() -> None:
-    torch.manual_seed(rank_zero.rank())
-    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
-    try:
-        hvd.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    except ValueError as exc:
-        emit(error=str(exc))
-        return
-    emit(error=None)
-
-
 if __name__ == "__main__":
-    {"diverge": diverge, "lazy": lazy}[sys.argv[1]]()
+    {"diverge": diverge}[sys.argv[1]]()

@@ -64,6 +64,11 @@ class KerasBackend(abc.ABC):
     def is_sparse(self, tensor: Any) -> bool:
         """Whether ``tensor`` is a sparse gradient (reduced by allgather)."""
 
+    def holds_global_batch(self, tensor: Any) -> bool:
+        """Whether ``tensor`` is already the whole global batch (every rank's rows), so a
+        statistic over it needs no collective. Only JAX's data-parallel step has such values."""
+        return False
+
     def after_init(self, hvd: Any) -> None:  # noqa: B027 (optional hook: most need nothing)
         """Runs once Horovod (``hvd``, :meth:`horovod`'s module) is initialised."""
 

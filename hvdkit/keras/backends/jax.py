@@ -55,6 +55,15 @@ def host_value(value: Any) -> np.ndarray:
     int64 int32 without x64); Python numbers and lists typed as Keras types them on TensorFlow
     and torch (int32, or int64 where a value needs it; ``floatx`` for floats)."""
     if hasattr(value, "dtype"):
+        import jax
+
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                "a Horovod collective got a traced JAX value (inside jax.jit, or Keras's "
+                "compiled step): Horovod's collectives run on the host, on concrete values. "
+                "Call it outside the compiled function, or compile the model with "
+                "jit_compile=False."
+            )
         return np.array(value)
     import keras
 
@@ -313,6 +322,15 @@ class JaxBackend(KerasBackend):
 
     def for_horovod(self, tensor: Any, *, copy: bool = False) -> Any:
         return host_value(tensor)
+
+    def holds_global_batch(self, tensor: Any) -> bool:
+        # Keras's data-parallel distribution hands the step the global batch, sharded over the
+        # processes: traced inside the compiled step, or spanning processes when run eagerly.
+        import jax
+
+        return isinstance(tensor, jax.core.Tracer) or not getattr(
+            tensor, "is_fully_addressable", True
+        )
 
     def from_host(self, array: Any) -> Any:
         # hvdkit's JAX collectives take host arrays as they are; Keras's convert_to_tensor
