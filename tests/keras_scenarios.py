@@ -376,12 +376,19 @@ def generator_ranked(case: Case, steps: int) -> list[list[list[int]]]:
 # --- the oracle -----------------------------------------------------------------------------
 
 
-def oracle(case: Case, start: list[float], steps: list[list[list[int]]]) -> dict[str, Any]:
+def oracle(
+    case: Case, start: list[float], steps: list[list[list[int]]], epoch_starts: list[int] = ()
+) -> dict[str, Any]:
     """One plain Keras process from the ranks' start, trained on the ledger's global batches
     ``steps[k][rank] -> ids``: each step the mean over ranks of each rank's mean loss (a
     sample of rank ``r`` weighted ``N / (R * n_r)``, 1 where the ranks' batches are equal),
     at the single-process LR times the ranks where ``lr_scaling="size"``. Returns the weights
-    and the validation loss with them."""
+    and the validation loss with them.
+
+    On TensorFlow, Keras's ``fit`` counts one more optimizer iteration (no update) in an
+    epoch whose input runs out before ``steps_per_epoch`` (a finite generator), in one process
+    too; Adam's bias correction sees it in the steps after. The oracle counts it as well: the
+    epoch that begins at step ``epoch_starts[e]`` and has fewer steps than asked."""
 
     d = data(case)
     model, _ = build(case)
@@ -394,7 +401,13 @@ def oracle(case: Case, start: list[float], steps: list[list[list[int]]]) -> dict
         v.assign(value)
     scale = SIZE if case.lr_scaling == "size" else 1
     model.compile(optimizer=make_optimizer(case, scale), loss="mse", jit_compile=False)
-    for ranks in steps:
+    bounds = [*epoch_starts, len(steps)]
+    ran_out = {
+        end - 1 for begin, end in zip(bounds, bounds[1:])  # noqa: B905 (one shorter)
+        if case.backend == "tensorflow" and case.steps_per_epoch
+        and 0 < end - begin < case.steps_per_epoch
+    }  # fmt: skip
+    for k, ranks in enumerate(steps):
         ids = [i for rank in ranks for i in rank]
         factor = np.concatenate(
             [np.full(len(rank), len(ids) / (len(ranks) * len(rank))) for rank in ranks if rank]
@@ -403,6 +416,8 @@ def oracle(case: Case, start: list[float], steps: list[list[list[int]]]) -> dict
         model.train_on_batch(
             inputs_of(case, d["x"][ids]), d["y"][ids], sample_weight=weight.astype("float32")
         )
+        if k in ran_out:
+            model.optimizer.iterations.assign_add(1)
     result: dict[str, Any] = {"weights": trainable(model)}
     if case.validation != "none":
         vx, vy, vw = validation_of(case, d)
@@ -571,13 +586,21 @@ def expected_ranked(
     case: Case, epoch_starts: list[int], fit_starts: list[int], total: int
 ) -> list[list[list[list[int]]] | None]:
     """For each global step, the batches each rank may have trained ``[rank] -> [batch]``
-    where the case fixes them and they may differ in size: a generator's (one each), a
-    ``PyDataset``'s (the step's, or where fit shuffles them, any of the rank's epoch's);
-    else ``None``."""
+    where the case fixes them and they may differ in size: a generator's (one each; any of
+    the rank's share where it is finite), a ``PyDataset``'s (the step's, or where fit
+    shuffles them, any of the rank's epoch's); else ``None``."""
     found: list[list[list[list[int]]] | None] = [None] * total
     if case.kind == "generator" and case.length == "forever":
         for a, b in pairwise([*fit_starts, total]):
             found[a:b] = [[[batch] for batch in step] for step in generator_ranked(case, b - a)]
+    elif case.kind == "generator":
+        # A finite one: each rank's items rank, rank + SIZE, ..., the short shares padded with
+        # the first items; an epoch after it ran out replays what Keras peeked of it first.
+        items = batches(list(range(case.samples)), case.batch)
+        short = len(items) % SIZE
+        every = [items[r::SIZE] + ([items[(r - short) % len(items)]] if short and r >= short
+                                   else []) for r in range(SIZE)]  # fmt: skip
+        found = [every] * total
     elif case.kind == "pydataset":
         for a, b in pairwise([*epoch_starts, total]):
             fit = max(i for i, s in enumerate(fit_starts) if s <= a)

@@ -191,7 +191,8 @@ def main() -> None:
     if sys.argv[1] == "--oracle":
         for item in json.loads(Path(sys.argv[2]).read_text()):
             try:
-                result = oracle(Case(**item["case"]), item["start"], item["steps"])
+                result = oracle(Case(**item["case"]), item["start"], item["steps"],
+                                item.get("epoch_starts", []))  # fmt: skip
             except Exception:  # noqa: BLE001 - reported per case
                 result = {"error": traceback.format_exc()[-1200:]}
             print("ORACLE " + json.dumps({**result, "case": item["id"]}), flush=True)
