@@ -56,7 +56,8 @@ class Case:
     workers: int = 0  # PyDataset workers (threads), DataLoader num_workers
     processes: bool = False  # PyDataset use_multiprocessing
     steps_per_epoch: int = 0  # 0: not given
-    validation: str = "none"  # "none", "data" (arrays), "split" (validation_split, arrays kinds)
+    validation: str = "none"  # "none", "data" (arrays), "dataset" (a batched tf.data of them),
+    # "split" (validation_split, arrays kinds)
     optimizer: str = "sgd"
     lr_scaling: str = "none"  # "none", "size"
     resume: bool = False  # fit one epoch, then a new setup() resumes from the checkpoint
@@ -108,8 +109,6 @@ def allowed(case: Case) -> bool:
         # On JAX each step's ledger is the global batch: where the ranks' batches differ in
         # size the oracle needs each rank's, which global_steps finds only where the case
         # fixes them.
-        if case.kind == "generator" and case.length == "finite":
-            return False
         if case.kind == "pydataset" and case.workers and case.shuffle:
             return False
     return train_rows(case) >= SIZE
@@ -153,7 +152,8 @@ def cases(seed: int, count: int, backend: str) -> list[Case]:
             processes=kind == "pydataset" and bool(workers) and draw(st.booleans()),
             steps_per_epoch=draw(st.integers(2, 6)) if streams else 0,
             validation=draw(
-                st.sampled_from(["none", "data", "split"] if kind in ARRAYS else ["none", "data"])
+                st.sampled_from(["none", "data", "dataset", "split"] if kind in ARRAYS
+                                else ["none", "data", "dataset"])  # fmt: skip
             ),
             optimizer=draw(st.sampled_from(sorted(LR))),
             lr_scaling=draw(st.sampled_from(["none", "size"])),
@@ -430,7 +430,7 @@ def oracle(
 def validation_of(case: Case, d: dict[str, np.ndarray]) -> tuple[Any, Any, Any]:
     """What one process validates on: ``validation_data``, or the last rows (and their
     weights) that ``validation_split`` holds out."""
-    if case.validation == "data":
+    if case.validation in ("data", "dataset"):
         return d["vx"], d["vy"], None
     at = train_rows(case)
     return d["x"][at:], d["y"][at:], d["w"][at:] if case.sample_weight else None

@@ -86,6 +86,13 @@ def fit_input(case: Case, d: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str,
     given: dict[str, Any] = {}
     if case.validation == "data":
         given["validation_data"] = (inputs_of(case, d["vx"]), d["vy"])
+    elif case.validation == "dataset":
+        import tensorflow as tf
+
+        inputs = inputs_of(case, d["vx"])
+        inputs = tuple(inputs) if isinstance(inputs, list) else inputs  # two inputs, not one
+        rows = tf.data.Dataset.from_tensor_slices((inputs, d["vy"]))
+        given["validation_data"] = rows.batch(case.batch)
     elif case.validation == "split":
         given["validation_split"] = SPLIT
     if case.steps_per_epoch:
