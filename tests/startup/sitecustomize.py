@@ -14,6 +14,9 @@ if os.environ.get("HVDKIT_STARTUP_LOG"):
     import time
 
     _here = time.time()
+    # The test that started this process, read now: a pytest inside a job's ranks
+    # (tests/in_ranks.py) sets its own and clears it before exit.
+    _test = os.environ.get("PYTEST_CURRENT_TEST", "")
     try:
         with open("/proc/self/stat") as f:
             _ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
@@ -43,7 +46,7 @@ if os.environ.get("HVDKIT_STARTUP_LOG"):
 
     def _record() -> None:
         line = {
-            "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+            "test": _test or os.environ.get("PYTEST_CURRENT_TEST", ""),
             "argv": " ".join(sys.argv)[:160],
             "boot": round(_here - _started, 3),
             "imports": {k: round(v, 3) for k, v in _imports.items()},
