@@ -597,9 +597,7 @@ def expected_ranked(
         # A finite one: each rank's items rank, rank + SIZE, ..., the short shares padded with
         # the first items; an epoch after it ran out replays what Keras peeked of it first.
         items = batches(list(range(case.samples)), case.batch)
-        short = len(items) % SIZE
-        every = [items[r::SIZE] + ([items[(r - short) % len(items)]] if short and r >= short
-                                   else []) for r in range(SIZE)]  # fmt: skip
+        every = [[items[p] for p in wrapped(len(items), r)] for r in range(SIZE)]
         found = [every] * total
     elif case.kind == "pydataset":
         for a, b in pairwise([*epoch_starts, total]):

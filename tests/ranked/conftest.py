@@ -5,9 +5,7 @@ through hvdkit.torch, or hvdkit.keras where the job runs a Keras file
 from __future__ import annotations
 
 import os
-import pickle
 
-import numpy as np
 import pytest
 
 
@@ -26,20 +24,12 @@ def horovod():
 
 def gathered(hvd, value) -> list:
     """Every rank's ``value``, in rank order, on every rank (any picklable value; Keras's API
-    has no ``allgather_object``, so it goes through ``allgather`` as bytes)."""
+    has no ``allgather_object``, so it goes through the Horovod module under it)."""
     if hasattr(hvd, "allgather_object"):
         return hvd.allgather_object(value)
-    import keras
+    from hvdkit.keras import backend
 
-    def gather(array: np.ndarray) -> np.ndarray:
-        return np.asarray(keras.ops.convert_to_numpy(hvd.allgather(array)))
-
-    data = np.frombuffer(pickle.dumps(value), np.uint8)
-    sizes = gather(np.array([len(data)], np.int64))
-    padded = np.zeros((1, int(sizes.max())), np.uint8)
-    padded[0, : len(data)] = data
-    rows = gather(padded)
-    return [pickle.loads(rows[i, :n].tobytes()) for i, n in enumerate(sizes)]
+    return backend.horovod().allgather_object(value)
 
 
 def same_on_every_rank(hvd, value) -> bool:
