@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
 import pytest
 
 from hvdkit.keras.lr import MultipliedSchedule, WarmupSchedule
@@ -187,3 +188,28 @@ def test_sharded_optimizer_state_is_refused_with_the_reason_and_the_fix():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with pytest.raises(ValueError, match=r"per variable.*Fix: shard_optimizer=False"):
         hvd.setup(model, keras.optimizers.Adam(0.01), shard_optimizer=True)
+
+
+def _built(layers: int) -> list:
+    model = keras.Sequential([keras.Input((4,))] + [keras.layers.Dense(3) for _ in range(layers)])
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(model.trainable_variables)
+    return [*model.variables, *optimizer.variables]
+
+
+def test_a_model_built_again_in_the_same_process_matches_its_checkpoint_by_position():
+    """A notebook's second run: Keras numbers the new layers' names on (``dense_2`` for
+    ``dense``), so the saved paths are not found as they are; the same list with the numbers
+    taken off pairs them by position. A model with another layer is still refused."""
+    from hvdkit.checkpoint import CheckpointError
+    from hvdkit.keras.adapter import KerasAdapter
+
+    saved = _built(2)
+    meta = {"counts": {"all": len(saved)}, "paths": {"all": [v.path for v in saved]}}
+    arrays = {f"all.{i}": np.zeros(tuple(v.shape)) for i, v in enumerate(saved)}
+    again = _built(2)
+    assert [v.path for v in again] != meta["paths"]["all"]
+    pairs = KerasAdapter._match("all", meta, again, arrays, "ckpt.npz")
+    assert [key for _, key in pairs] == [f"all.{i}" for i in range(len(saved))]
+    with pytest.raises(CheckpointError, match="variables differ"):
+        KerasAdapter._match("all", meta, _built(3), arrays, "ckpt.npz")

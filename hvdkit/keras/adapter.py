@@ -9,6 +9,7 @@ pickles and load on either backend.
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,13 @@ from hvdkit.lr import Warmup
 
 FORMAT = "hvdkit-keras-1"
 GROUPS = ("model", "optimizer")
+
+
+def _unnumbered(paths: list[str]) -> list[str]:
+    """Variable paths without the numbers Keras appends to repeated names (``dense_3``,
+    ``adam_1/sequential_1_dense_3_kernel_momentum``): the same model built twice in one process
+    gets the same list."""
+    return [re.sub(r"_\d+(?=[/_]|$)", "", p) for p in paths]
 
 
 def forbid_xla(model: keras.Model) -> None:
@@ -171,6 +179,11 @@ class KerasAdapter(Adapter):
             index = {p: i for i, p in enumerate(saved_paths)}
             missing = [p for p in paths if p not in index]
             extra = [p for p in saved_paths if p not in set(paths)]
+            if (missing or extra) and _unnumbered(paths) == _unnumbered(saved_paths):
+                # The same layers built again in one process (a notebook's second run):
+                # Keras numbered their names on, so the paths differ only in those numbers.
+                index = {p: i for i, p in enumerate(paths)}
+                missing = extra = []
             if missing or extra:
                 raise CheckpointError(
                     path,

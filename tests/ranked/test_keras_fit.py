@@ -1,7 +1,7 @@
-"""hvdkit.keras's callbacks and optimizer in ``fit``, run inside the ranks of one job per Keras
-backend (tests/in_ranks.py): each against one process on the global batch or the expected
-schedule, and ranks against each other. Moved from tests/test_keras_adapter.py, where each
-started its own job."""
+"""hvdkit.keras's callbacks, optimizer and checkpoints in ``fit``, run inside the ranks of one
+job per Keras backend (tests/in_ranks.py): each against one process on the global batch, an
+uninterrupted run or the expected schedule, and ranks against each other. Moved from
+tests/test_keras_adapter.py, where each started its own job (a resume took three)."""
 
 from __future__ import annotations
 
@@ -79,3 +79,44 @@ def test_sync_batch_normalization_in_fit_equals_batch_norm_on_the_global_batch(h
     r = gathered(horovod, keras_syncbn_worker.fit_check(mode))
     assert r[0] == r[1]
     assert r[0]["moved"] > 0.1 and r[0]["diff"] < 1e-5, r[0]
+
+
+def test_setup_checkpoints_on_rank0_only_and_resumes_by_broadcast(horovod, tmp_path, capfd,
+                                                                   monkeypatch):  # fmt: skip
+    """Two epochs, then a new model and session resume to four: they must run epochs 2 and 3
+    only and end with the weights of an uninterrupted four-epoch run. Each rank has its own
+    directory, so rank 1 can only get the resumed state by broadcast."""
+    monkeypatch.chdir(tmp_path)  # keras_worker.resume enters each rank's directory
+    first = gathered(horovod, keras_worker.resume(str(tmp_path / "split"), 2))
+    printed = gathered(horovod, capfd.readouterr().out)
+    second = gathered(horovod, keras_worker.resume(str(tmp_path / "split"), 4))
+    whole = gathered(horovod, keras_worker.resume(str(tmp_path / "whole"), 4))
+    assert first[0]["ran"] == [0, 1] and second[0]["ran"] == [2, 3] == second[1]["ran"]
+    assert first[0]["files"] == ["best.keras", "ckpt.npz"]
+    assert first[1]["files"] == second[1]["files"] == []
+    assert second[0]["digest"] == second[1]["digest"]
+    assert second[0]["weights"] == pytest.approx(whole[0]["weights"], abs=1e-5)
+    assert second[0]["lr"] == pytest.approx(0.02)  # Adam 0.01 x 2 ranks after warmup
+    assert first[0]["loaded_ok"] is True
+    # The Session twin: unpacks as (optimizer, callbacks), knows the topology and resumed epoch.
+    assert [r["start"] for r in (first[0], second[1])] == [
+        {"epoch": 0, "size": 2, "rank": 0},
+        {"epoch": 2, "size": 2, "rank": 1},
+    ]
+    assert second[1]["multiplier"] == 2.0 and second[1]["same"] is True
+    # fit(verbose=1) on both ranks: only rank 0 prints progress.
+    assert "Epoch 1/2" in printed[0] and "Epoch" not in printed[1], printed
+
+
+def test_bad_checkpoint_stops_every_rank_naming_the_file(horovod, tmp_path, monkeypatch):
+    """Rank 0 cannot read its checkpoint: it raises naming the file, and every other rank
+    raises too (told by rank 0) instead of waiting in the broadcast."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad" / "rank0").mkdir(parents=True)
+    (tmp_path / "bad" / "rank0" / "ckpt.npz").write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception) as raised:
+        keras_worker.resume(str(tmp_path / "bad"), 1)
+    messages = gathered(horovod, f"{type(raised.value).__name__}: {raised.value}")
+    assert "checkpoint ckpt.npz: cannot be read" in messages[0], messages
+    assert messages[1].startswith("RootRankError: rank 0 failed"), messages
+    assert "ckpt.npz" in messages[1], messages

@@ -1,5 +1,7 @@
-"""Run under horovodrun by tests/test_keras_adapter.py (set KERAS_BACKEND first), or imported by
-tests/ranked/test_keras_fit.py inside the ranks of one job: each mode returns its results."""
+"""Imported by tests/ranked/test_keras_fit.py inside the ranks of one job per Keras backend, or
+run under horovodrun (set KERAS_BACKEND first) where the launch is under test (preemption,
+the matrix cells, direct starts):
+each mode returns its results."""
 
 from __future__ import annotations
 
