@@ -117,8 +117,6 @@ BUDGETED: dict[str, float] = {
     "test_allreduce_from_scratch.py::test_four_ranks_on_a_two_slot_machine": 30,
     # Issues 39/40 (2026-11-26): the other backend, the elastic case and the ssh elastic case
     # of what the core runs once.
-    "test_keras_inputs.py::test_fit_shards_every_input_kind_like_one_process_on_the_global"
-    "_batch[torch]": 20,
     "test_profile.py::test_keras_fit_is_profiled_on_both_backends[tensorflow]": 8,
     "test_launch_ssh.py::test_no_environment_value_on_any_command_line_or_log[elastic]": 9,
     # Issue 41 (2026-11-26): the other optimizers, controller and backend of ZeRO's and bf16's

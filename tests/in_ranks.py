@@ -1,5 +1,6 @@
 """One launch, many tests (as Horovod's own suite runs ``horovodrun -np 2 pytest``): the test
-files under tests/ranked/ run inside the ranks of one ``hvdkit run -np 2`` job per file, each
+files under tests/ranked/ run inside the ranks of one ``hvdkit run -np 2`` job per group (the
+PyTorch files together, and the Keras files together once per Keras backend they list), each
 rank a pytest with tests/ranks_plugin.py, and every test's outcome comes back per rank.
 
 A test there runs on every rank in the same order, so its collectives meet; it checks its
@@ -44,24 +45,36 @@ def variants(path: Path) -> dict[str, dict[str, str]]:
     return {"": {}}
 
 
+def groups(paths: list[Path]) -> dict[str, list[Path]]:
+    """The ranked files each job runs, by variant name (:func:`variants`): the files that list
+    a Keras backend share that backend's job; the others share one job."""
+    out: dict[str, list[Path]] = {}
+    for path in sorted(paths):
+        for variant in variants(path):
+            out.setdefault(variant, []).append(path)
+    return out
+
+
 @dataclass
 class Job:
-    """What one job's ranks reported: ``{test function: {rank: [outcome lines]}}``."""
+    """What one job's ranks reported, per rank: its outcome lines, in order."""
 
-    path: Path
+    paths: list[Path]
     np: int
     returncode: int
     output: str
     lines: dict[int, list[dict]] = field(default_factory=dict)
     stacks: dict[int, str] = field(default_factory=dict)  # per rank, if a test timed out
 
-    def outcomes(self, name: str) -> dict[int, list[dict]]:
-        """Each rank's outcome lines for test function ``name`` (all its parameters)."""
+    def outcomes(self, name: str, path: Path | None = None) -> dict[int, list[dict]]:
+        """Each rank's outcome lines for test function ``name`` (all its parameters) of file
+        ``path`` (None: the job's only file)."""
         mine = {}
         for rank in range(self.np):
             mine[rank] = [
                 ln for ln in self.lines.get(rank, [])
                 if ln["event"] not in ("start", "stop") and _function(ln["test"]) == name
+                and (path is None or _file(ln["test"]) == path.name)
             ]  # fmt: skip
         return mine
 
@@ -76,17 +89,19 @@ class Job:
                 out[rank] = started[-1]
         return out
 
-    def problems(self, name: str) -> list[str]:
-        """Why test function ``name`` did not pass on every rank (empty: it did)."""
+    def problems(self, name: str, path: Path | None = None) -> list[str]:
+        """Why test function ``name`` (of file ``path``) did not pass on every rank (empty: it
+        did)."""
         why = []
-        for rank, lines in self.outcomes(name).items():
+        for rank, lines in self.outcomes(name, path).items():
             if not lines:
                 stuck = self.unfinished().get(rank)
                 stop = [ln["why"] for ln in self.lines.get(rank, []) if ln["event"] == "stop"]
                 where = (f"hung or died in {stuck}" if stuck else
                          f"stopped first: {stop[0]}" if stop else "ended first")  # fmt: skip
                 why.append(f"rank {rank}: no outcome (the job {where})")
-                if stuck and _function(stuck) == name and "Thread 0x" in self.stacks.get(rank, ""):
+                if (stuck and _function(stuck) == name
+                        and "Thread 0x" in self.stacks.get(rank, "")):  # fmt: skip
                     dump = self.stacks[rank].split(f"--- {stuck}")[-1][:3000]
                     why.append(f"rank {rank} timed out in {stuck}; its threads:{dump}")
             for ln in lines:
@@ -97,8 +112,8 @@ class Job:
             why.append(f"job exit {self.returncode}; its output ends:\n{self.output[-3000:]}")
         return why
 
-    def skipped(self, name: str) -> str | None:
-        outcomes = [ln for lines in self.outcomes(name).values() for ln in lines]
+    def skipped(self, name: str, path: Path | None = None) -> str | None:
+        outcomes = [ln for lines in self.outcomes(name, path).values() for ln in lines]
         if outcomes and all(ln["outcome"] == "skipped" for ln in outcomes):
             why = outcomes[0].get("longrepr", "skipped")
             try:  # pytest's (file, line, reason)
@@ -112,21 +127,28 @@ def _function(nodeid: str) -> str:
     return nodeid.split("::")[-1].split("[")[0]
 
 
-def run(path: Path, where: Path, np: int = 2, per_test: int = 120, timeout: int = 900,
-        controller: str = "gloo", env: dict | None = None) -> Job:  # fmt: skip
-    """Run ranked test file ``path`` in one ``hvdkit run -np NP`` job."""
+def _file(nodeid: str) -> str:
+    return Path(nodeid.split("::")[0]).name
+
+
+def run(paths: Path | list[Path], where: Path, np: int = 2, per_test: int = 120,
+        timeout: int = 900, controller: str = "gloo", env: dict | None = None) -> Job:  # fmt: skip
+    """Run the ranked test files ``paths`` in one ``hvdkit run -np NP`` job (one pytest
+    session per rank: Horovod starts once for all of them)."""
+    paths = [paths] if isinstance(paths, Path) else list(paths)
     where.mkdir(parents=True, exist_ok=True)
     environ = {k: v for k, v in os.environ.items()
                if k not in ("HVDKIT_CI_SUMMARY", "PYTEST_ADDOPTS")}  # fmt: skip
     environ.update({
         "HVDKIT_IN_RANKS": "1", "HVDKIT_IN_RANKS_DIR": str(where),
         "HVDKIT_IN_RANKS_TIMEOUT": str(per_test),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), str(TESTS / "workers"),
+                                                   environ.get("PYTHONPATH")])),
         **(env or {}),
     })  # fmt: skip
     argv = [HVDKIT, "run", "-np", str(np), f"--{controller}", "--", sys.executable, "-m",
             "pytest", "-q", "-p", "ranks_plugin", "-p", "no:cacheprovider",
-            "--rootdir", str(TESTS.parent), str(path)]  # fmt: skip
+            "--rootdir", str(TESTS.parent), *map(str, paths)]  # fmt: skip
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               cwd=TESTS.parent, env=environ, stdin=subprocess.DEVNULL)  # fmt: skip
@@ -143,4 +165,4 @@ def run(path: Path, where: Path, np: int = 2, per_test: int = 120, timeout: int 
         stacks[rank] = f.read_text() if f.exists() else ""
         f = where / f"rank-{rank}.jsonl"
         lines[rank] = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
-    return Job(path, np, code, output, lines, stacks)
+    return Job(paths, np, code, output, lines, stacks)

@@ -1,26 +1,29 @@
-"""The test files under tests/ranked/, each run inside the ranks of one 2-rank job
-(tests/in_ranks.py): one outer test per test function there, its outcome on every rank; a
-failing rank's traceback, or the test a rank hung or died in, is the failure's message."""
+"""The test files under tests/ranked/, run inside the ranks of one 2-rank job per group
+(tests/in_ranks.py: the PyTorch files, and the Keras files once per backend): one outer test
+per test function there, its outcome on every rank; a failing rank's traceback, or the test a
+rank hung or died in, is the failure's message."""
 
 from __future__ import annotations
 
 import pytest
-from in_ranks import RANKED, Job, ranked_tests, run, variants
+from in_ranks import RANKED, Job, groups, ranked_tests, run, variants
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(960)]
 
 CASES = [(path, variant, name) for path in sorted(RANKED.glob("test_*.py"))
          for variant in variants(path) for name in ranked_tests(path)]  # fmt: skip
+GROUPS = groups(sorted(RANKED.glob("test_*.py")))
 _jobs: dict = {}
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    def job(path, variant) -> Job:
-        if (path, variant) not in _jobs:
-            where = tmp_path_factory.mktemp(f"{path.stem}-{variant}" if variant else path.stem)
-            _jobs[path, variant] = run(path, where, env=variants(path)[variant])
-        return _jobs[path, variant]
+    def job(variant) -> Job:
+        if variant not in _jobs:
+            paths = GROUPS[variant]
+            where = tmp_path_factory.mktemp(f"keras-{variant}" if variant else "torch")
+            _jobs[variant] = run(paths, where, env=variants(paths[0])[variant])
+        return _jobs[variant]
 
     return job
 
@@ -29,10 +32,10 @@ def jobs(tmp_path_factory):
                          ids=[f"{p.stem}-{v}::{n}" if v else f"{p.stem}::{n}"
                               for p, v, n in CASES])  # fmt: skip
 def test_in_ranks(jobs, path, variant, name):
-    job = jobs(path, variant)
-    problems = job.problems(name)
+    job = jobs(variant)
+    problems = job.problems(name, path)
     assert not problems, "\n".join(problems)
-    why = job.skipped(name)
+    why = job.skipped(name, path)
     if why:
         pytest.skip(why)
 

@@ -1,5 +1,6 @@
-"""Run under horovodrun by tests/test_keras_inputs.py (KERAS_BACKEND set first): Session.fit on
-the inputs of issue 49's items 8-11, keeping a ledger of the samples each rank trained.
+"""Imported by tests/ranked/test_keras_inputs.py in the ranks of a Keras job, or run under
+horovodrun (KERAS_BACKEND set first): Session.fit on the inputs of issue 49's items 8-11,
+keeping a ledger of the samples each rank trained.
 
 Column 0 of every row is its id; the model's first layer (:class:`Ledger`) drops it and keeps
 the ids of the batch it was called on, which a callback reads after each step. The ranks'
@@ -203,6 +204,10 @@ def run(spec):
     return result
 
 
-hvd.init()
-runs = {spec: run(spec) for spec in sys.argv[1:]}
-print("RESULT " + json.dumps({"rank": hvd.rank(), "runs": runs}), flush=True)
+def main(specs: list[str]) -> dict:
+    hvd.init()
+    return {"rank": hvd.rank(), "runs": {spec: run(spec) for spec in specs}}
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(main(sys.argv[1:])), flush=True)

@@ -1,6 +1,7 @@
-"""Run under horovodrun by tests/test_keras_inputs.py (KERAS_BACKEND set first): Session.fit
-on one kind of input, against an oracle in the same process: one plain Keras model (no
-Horovod) trained on the global batches, the ranks' k-th batches together."""
+"""Imported by tests/ranked/test_keras_inputs.py in the ranks of a Keras job, or run under
+horovodrun (KERAS_BACKEND set first): Session.fit on one kind of input, against an oracle in the
+same process: one plain Keras model (no Horovod) trained on the global batches, the ranks' k-th
+batches together."""
 
 from __future__ import annotations
 
@@ -107,6 +108,10 @@ def run(spec: str) -> dict:
     return result
 
 
-hvd.init()
-runs = {spec: run(spec) for spec in sys.argv[1:]}
-print("RESULT " + json.dumps({"rank": hvd.rank(), "runs": runs}), flush=True)
+def main(specs: list[str]) -> dict:
+    hvd.init()
+    return {"rank": hvd.rank(), "runs": {spec: run(spec) for spec in specs}}
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(main(sys.argv[1:])), flush=True)
