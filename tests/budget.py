@@ -129,11 +129,8 @@ BUDGETED: dict[str, float] = {
     # doctor's full local run: the image build's gate runs the same checks and fails the build
     # on any FAIL; the ssh test runs it across hosts; the matrix cell runs it on its stack.
     "test_doctor.py::test_doctor_passes_with_allreduce_for_both_frameworks_and_controllers": 95,
-    # Issue 49 (2026-11-28): the generated slices on the other Keras backends and the
-    # generated elastic kill; the named regressions on every backend and the TensorFlow and
-    # torch slices stay in the core.
-    "test_keras_scenarios.py::test_generated_scenarios_train_like_one_process[torch]": 35,
-    "test_keras_scenarios.py::test_generated_scenarios_train_like_one_process[jax]": 35,
+    # Issue 49 (2026-11-28): the generated elastic kill; the Keras and torch slices run in the
+    # core (a Keras backend's slice in the job of its named regressions).
     "test_torch_scenarios.py::test_generated_elastic_kills_train_like_one_process[0]": 40,
 }
 

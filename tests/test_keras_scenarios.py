@@ -1,7 +1,8 @@
 """hvdkit.keras's ``Session.fit`` against generated scenarios (issue 49, deliverable 2):
 tests/keras_scenarios.py's grammar, run by tests/workers/keras_scenario_worker.py as one 2-rank
-job per Keras backend for many cases, each checked against the one-process oracle (one plain
-Keras process, another job of the worker) and the ledger of samples each rank trained.
+job per Keras backend for all its cases (the named and the generated together), each checked
+against the one-process oracle (one plain Keras process, another job of the worker) and the
+ledger of samples each rank trained.
 
 - The named cases are the variations that gave silent wrong results, kept as regression
   tests (each failed on the code before its fix).
@@ -37,7 +38,7 @@ from keras_scenarios import (
 from scenario_harness import commit_seed, records, report, watched
 
 COUNT = int(os.environ.get("HVDKIT_SCENARIOS", "15"))  # generated cases per backend
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600 + 30 * COUNT)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(700 + 30 * COUNT)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 CASE_TIMEOUT = 240  # seconds without a case ending: the job hangs (a case takes 2 to 20)
 WORKER = str(WORKERS / "keras_scenario_worker.py")
@@ -132,20 +133,41 @@ def test_the_grammar_draws_every_kind_reproducibly_and_the_shares_cover_each_sam
             assert sum(counts.values()) - train_rows(case) < SIZE * unit, case
 
 
+_runs: dict[str, list[list[str]]] = {}
+
+
+@pytest.fixture(scope="module")
+def backend_run(tmp_path_factory):
+    """The named cases and the generated slice of a backend, run together (one job and one
+    oracle process for both): each case's problems, the named ones first."""
+
+    def problems(backend: str) -> list[list[str]]:
+        if backend not in _runs:
+            scenarios = named(backend) + cases(commit_seed(), COUNT, backend)
+            _runs[backend] = run_cases(backend, scenarios, tmp_path_factory.mktemp(backend))
+        return _runs[backend]
+
+    return problems
+
+
+def named(backend: str) -> list[Case]:
+    return [replace(case, backend=backend) for case in REGRESSIONS.values()]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_variations_found_train_like_one_process(backend, tmp_path):
-    scenarios = [replace(case, backend=backend) for case in REGRESSIONS.values()]
-    problems = run_cases(backend, scenarios, tmp_path)
+def test_the_variations_found_train_like_one_process(backend, backend_run):
+    scenarios = named(backend)
+    problems = backend_run(backend)[: len(scenarios)]
     assert not any(problems), report(scenarios, problems)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_generated_scenarios_train_like_one_process(backend, tmp_path):
+def test_generated_scenarios_train_like_one_process(backend, backend_run):
     seed, count = commit_seed(), COUNT
     scenarios = cases(seed, count, backend)
     print(f"scenario seed {seed}, {backend}: {len(scenarios)} cases")
     assert len(scenarios) == count
-    problems = run_cases(backend, scenarios, tmp_path)
+    problems = backend_run(backend)[len(named(backend)) :]
     failed = sum(1 for p in problems if p)
     print(f"{len(scenarios) - failed} of {len(scenarios)} cases like the oracle")
     assert not failed, report(scenarios, problems, seed)
