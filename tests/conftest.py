@@ -94,9 +94,14 @@ def horovodrun(
     timeout: float = 240,
     check: bool = True,
 ) -> subprocess.CompletedProcess:
-    """``horovodrun -np N -H localhost:N --gloo|--mpi python tests/workers/SCRIPT ARGS``."""
+    """``horovodrun -np N -H localhost:N --gloo|--mpi python tests/workers/SCRIPT ARGS``, as
+    ``hvdkit run`` starts it (:mod:`hvdkit.launch.horovodrun`: horovodrun's own code, its
+    build probe answered from hvdkit's build record instead of ~3 s of TensorFlow's import a
+    launch). The examples' tests run the ``horovodrun`` script itself (:func:`run_example`)."""
     argv = [
-        HOROVODRUN,
+        sys.executable,
+        "-m",
+        "hvdkit.launch.horovodrun",
         "-np",
         str(np),
         "-H",

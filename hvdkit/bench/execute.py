@@ -13,6 +13,7 @@ from pathlib import Path
 from hvdkit import envvars
 from hvdkit.bench.plan import Job
 from hvdkit.bench.worker import parse_results
+from hvdkit.launch.horovodrun import launcher_argv, without_end
 from hvdkit.launch.hostfile import Host
 from hvdkit.launch.plan import LaunchConfig, build_plan
 
@@ -44,7 +45,7 @@ def command_for(
     # torch.distributed (DDP, its allreduce) rendezvous at the first host, next to Horovod's.
     env = {**job.env, envvars.BENCH_MASTER: f"{first}:{_free_port()}"}
     if job.np == 1 and first == "127.0.0.1" and "mpi" in available:
-        # One local rank needs no launcher (horovodrun costs ~5 s per start here): Horovod
+        # One local rank needs no launcher (a start costs a rendezvous and its processes): Horovod
         # initialises as an MPI singleton.
         return list(command), env
     config = LaunchConfig(
@@ -56,7 +57,7 @@ def command_for(
     )
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     plan = build_plan(config, hosts, available=available, horovodrun=horovodrun)
-    return plan.argv, plan.env
+    return launcher_argv(plan.argv), plan.env
 
 
 def run_job(job: Job, argv: list[str], env: dict[str, str], timeout: float) -> list[dict]:
@@ -80,7 +81,7 @@ def run_job(job: Job, argv: list[str], env: dict[str, str], timeout: float) -> l
 
 
 def _tail(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()][-TAIL_LINES:]
+    lines = [line for line in without_end(text).splitlines() if line.strip()][-TAIL_LINES:]
     return ("\n  " + "\n  ".join(lines)) if lines else ""
 
 

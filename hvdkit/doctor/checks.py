@@ -20,6 +20,7 @@ from hvdkit.horovod_build import record
 from hvdkit.horovod_build.config import CONTROLLERS, FRAMEWORK_NAMES, Controller
 from hvdkit.horovod_build.matrix import BuildMatrix, MatrixError, read_matrix
 from hvdkit.horovod_build.probe import dist_version, framework_version
+from hvdkit.launch.horovodrun import launcher_argv, without_end
 from hvdkit.launch.hostfile import Host
 from hvdkit.launch.plan import LaunchConfig, build_plan
 
@@ -202,7 +203,7 @@ def _launch(argv: list[str], timeout: float) -> tuple[int, str]:
     except subprocess.TimeoutExpired as exc:
         partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
         return -1, f"{partial}\ntimed out after {timeout:.0f} s"
-    return out.returncode, out.stdout + out.stderr
+    return out.returncode, without_end(out.stdout + out.stderr)
 
 
 def allreduce_check(
@@ -235,7 +236,7 @@ def allreduce_check(
         available=(controller,),
         horovodrun=horovodrun,
     )
-    argv, np = plan.argv, len(plan.ranks)
+    argv, np = launcher_argv(plan.argv), len(plan.ranks)
     failures: list[str] = []
     for _ in range(ATTEMPTS):
         code, text = _launch(argv, timeout)

@@ -28,6 +28,19 @@ END = "\x1ehvdkit: horovodrun is done\x1e"
 """The last line of each stream (record separators: no program prints this by chance)."""
 
 
+def launcher_argv(horovodrun_argv: Sequence[str]) -> list[str]:
+    """What runs a planned ``horovodrun ARGS`` (``LaunchPlan.argv``): this module in the same
+    Python. Every hvdkit launch goes through it (``hvdkit run``, the doctor's checks, the
+    bench's jobs), so none pays horovodrun's build probe (about 3 s of TensorFlow's import in a
+    forked process, each launch) when hvdkit's build record can answer."""
+    return [sys.executable, "-m", "hvdkit.launch.horovodrun", *horovodrun_argv[1:]]
+
+
+def without_end(text: str) -> str:
+    """``text`` without the :data:`END` lines (for messages quoting the output)."""
+    return "\n".join(line for line in text.split("\n") if line != END)
+
+
 def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str]) -> None:
     """``os.execve``'s replacement: run the program as a child and exit with its status."""
     child = subprocess.Popen(list(args), executable=path, env=dict(env))

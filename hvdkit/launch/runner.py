@@ -21,7 +21,7 @@ from hvdkit.horovod_build.config import CONTROLLERS, Controller
 from hvdkit.launch import preemption, private_env
 from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.elastic_report import SUMMARY
-from hvdkit.launch.horovodrun import END
+from hvdkit.launch.horovodrun import END, launcher_argv
 from hvdkit.launch.output import RankOutput, failure_message
 from hvdkit.launch.plan import LaunchPlan
 
@@ -140,12 +140,6 @@ def _text(pipe: Any) -> TextIO:
     return io.TextIOWrapper(pipe, encoding="utf-8", errors="replace", newline="")
 
 
-def launcher_argv(plan: LaunchPlan) -> list[str]:
-    """What runs ``plan.argv``: horovodrun through :mod:`hvdkit.launch.horovodrun` in the same
-    Python, which marks where its output ends."""
-    return [sys.executable, "-m", "hvdkit.launch.horovodrun", *plan.argv[1:]]
-
-
 def execute(
     plan: LaunchPlan, output_dir: str | None = None, verbose: bool = False, requeue: bool = False
 ) -> int:
@@ -161,7 +155,7 @@ def execute(
     # Own session: a Ctrl-C reaches hvdkit only, which stops horovodrun in order (the ranks
     # are stopped by horovodrun and, on other hosts, by their guard).
     proc = subprocess.Popen(
-        launcher_argv(plan),
+        launcher_argv(plan.argv),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
