@@ -69,6 +69,7 @@ class Job:
     def outcomes(self, name: str, path: Path | None = None) -> dict[int, list[dict]]:
         """Each rank's outcome lines for test function ``name`` (all its parameters) of file
         ``path`` (None: the job's only file)."""
+        assert path is not None or len(self.paths) == 1, "name the file: the job ran several"
         mine = {}
         for rank in range(self.np):
             mine[rank] = [
@@ -101,6 +102,7 @@ class Job:
                          f"stopped first: {stop[0]}" if stop else "ended first")  # fmt: skip
                 why.append(f"rank {rank}: no outcome (the job {where})")
                 if (stuck and _function(stuck) == name
+                        and (path is None or _file(stuck) == path.name)
                         and "Thread 0x" in self.stacks.get(rank, "")):  # fmt: skip
                     dump = self.stacks[rank].split(f"--- {stuck}")[-1][:3000]
                     why.append(f"rank {rank} timed out in {stuck}; its threads:{dump}")

@@ -213,3 +213,22 @@ def test_a_model_built_again_in_the_same_process_matches_its_checkpoint_by_posit
     assert [key for _, key in pairs] == [f"all.{i}" for i in range(len(saved))]
     with pytest.raises(CheckpointError, match="variables differ"):
         KerasAdapter._match("all", meta, _built(3), arrays, "ckpt.npz")
+
+
+def test_numbered_blocks_shifted_by_one_are_refused_not_loaded_by_position():
+    """Blocks the user numbered (block_1..3): dropping block_1 and adding block_4 gives the
+    same list with the numbers taken off, but block_2's weights must not go to another
+    block."""
+    from types import SimpleNamespace
+
+    from hvdkit.checkpoint import CheckpointError
+    from hvdkit.keras.adapter import KerasAdapter
+
+    def blocks(numbers):
+        return [SimpleNamespace(path=f"model/block_{n}/kernel", shape=(3, 3)) for n in numbers]
+
+    saved = blocks([1, 2, 3])
+    meta = {"counts": {"model": 3}, "paths": {"model": [v.path for v in saved]}}
+    arrays = {f"model.{i}": np.zeros((3, 3)) for i in range(3)}
+    with pytest.raises(CheckpointError, match="variables differ"):
+        KerasAdapter._match("model", meta, blocks([2, 3, 4]), arrays, "ckpt.npz")

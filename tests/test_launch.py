@@ -267,3 +267,31 @@ def test_a_value_that_is_not_utf8_reaches_each_rank_as_its_bytes():
                  env={"HVDKIT_TEST_VALUE": value})  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert results(out)[0]["forwarded"] == value
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and proc.name.isdigit() and int(proc.name) != os.getpid():
+            found.append(cmdline)
+    return found
+
+
+def test_a_timeout_that_kills_the_launcher_leaves_no_mpirun_behind():
+    """The doctor's and the bench's launches (and a caller's timeout) kill the launcher
+    process only. Under MPI, horovodrun replaced itself with mpirun; hvdkit's wrapper runs
+    mpirun as its child, which must die with it and take its ranks along."""
+    marker = f"hvdkit-orphan-check-{os.getpid()}"
+    argv = [sys.executable, "-m", "hvdkit.launch.horovodrun", "-np", "2", "-H", "localhost:2",
+            "--mpi", sys.executable, "-c", "import time, sys; time.sleep(120)", marker]  # fmt: skip
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run(argv, capture_output=True, timeout=8, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _processes_with(marker)
+    assert not left, left

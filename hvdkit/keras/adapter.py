@@ -179,9 +179,15 @@ class KerasAdapter(Adapter):
             index = {p: i for i, p in enumerate(saved_paths)}
             missing = [p for p in paths if p not in index]
             extra = [p for p in saved_paths if p not in set(paths)]
-            if (missing or extra) and _unnumbered(paths) == _unnumbered(saved_paths):
+            if (
+                (missing or extra)
+                and _unnumbered(paths) == _unnumbered(saved_paths)
+                and all(index.get(p, i) == i for i, p in enumerate(paths))
+            ):
                 # The same layers built again in one process (a notebook's second run):
                 # Keras numbered their names on, so the paths differ only in those numbers.
+                # A path on both sides must sit at the same place: numbered blocks with one
+                # removed and one added are another model, not renamed layers.
                 index = {p: i for i, p in enumerate(paths)}
                 missing = extra = []
             if missing or extra:

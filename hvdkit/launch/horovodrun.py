@@ -16,14 +16,18 @@ arguments, environment and process group (so a Ctrl-C sent to the group reaches 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hvdkit import envvars
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 END = "\x1ehvdkit: horovodrun is done\x1e"
 """The last line of each stream (record separators: no program prints this by chance)."""
 
@@ -37,13 +41,18 @@ def launcher_argv(horovodrun_argv: Sequence[str]) -> list[str]:
 
 
 def without_end(text: str) -> str:
-    """``text`` without the :data:`END` lines (for messages quoting the output)."""
-    return "\n".join(line for line in text.split("\n") if line != END)
+    """``text`` without the :data:`END` markers (for messages quoting the output); a marker
+    written after output that did not end its line is taken off that line."""
+    return "\n".join(line.replace(END, "") for line in text.split("\n") if line != END)
 
 
 def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str]) -> None:
-    """``os.execve``'s replacement: run the program as a child and exit with its status."""
-    child = subprocess.Popen(list(args), executable=path, env=dict(env))
+    """``os.execve``'s replacement: run the program as a child and exit with its status. The
+    child is stopped (SIGTERM) if this process dies first: a caller's timeout that kills this
+    process must not leave ``mpirun`` and its ranks behind, as it did not when horovodrun
+    replaced itself with ``mpirun``."""
+    child = subprocess.Popen(list(args), executable=path, env=dict(env),
+                             preexec_fn=_dies_with_parent())  # fmt: skip
     while True:
         try:
             code = child.wait()
@@ -51,6 +60,25 @@ def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str])
         except KeyboardInterrupt:  # the group's Ctrl-C reached mpirun too: it stops its ranks
             continue
     raise SystemExit(code if code >= 0 else 128 - code)
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux for SIGTERM when the parent dies (``prctl``'s
+    ``PR_SET_PDEATHSIG``), or None where that is not available. libc is loaded here, before
+    the fork: the child only calls it."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def _answer_build_checks_from_the_record() -> None:
