@@ -51,7 +51,12 @@ def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str])
     child is stopped (SIGTERM) if this process dies first: a caller's timeout that kills this
     process must not leave ``mpirun`` and its ranks behind, as it did not when horovodrun
     replaced itself with ``mpirun``."""
-    child = subprocess.Popen(list(args), executable=path, env=dict(env),
+    args = list(args)
+    if len(args) == 3 and args[1] == "-c" and "=" not in args[2].split(" ", 1)[0]:
+        # horovodrun's ``/bin/sh -c 'mpirun ...'``: the shell execs mpirun rather than waiting
+        # for it as a child, so the request below reaches mpirun (it survives an exec).
+        args[2] = f"exec {args[2]}"
+    child = subprocess.Popen(args, executable=path, env=dict(env),
                              preexec_fn=_dies_with_parent())  # fmt: skip
     while True:
         try:
