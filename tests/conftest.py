@@ -98,19 +98,21 @@ def horovodrun(
     ``hvdkit run`` starts it (:mod:`hvdkit.launch.horovodrun`: horovodrun's own code, its
     build probe answered from hvdkit's build record instead of ~3 s of TensorFlow's import a
     launch). The examples' tests run the ``horovodrun`` script itself (:func:`run_example`)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "hvdkit.launch.horovodrun",
-        "-np",
-        str(np),
-        "-H",
-        f"localhost:{np}",
-        f"--{controller}",
-        sys.executable,
-        str(WORKERS / script),
-        *args,
-    ]
+    from hvdkit.launch.horovodrun import launcher_argv
+
+    argv = launcher_argv(
+        [
+            HOROVODRUN,
+            "-np",
+            str(np),
+            "-H",
+            f"localhost:{np}",
+            f"--{controller}",
+            sys.executable,
+            str(WORKERS / script),
+            *args,
+        ]
+    )
     out = subprocess.run(
         argv,
         capture_output=True,

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, WORKERS, interruptible, results
 from test_private_env_units import bash_as_sh
 
+from hvdkit.launch.horovodrun import launcher_argv
 from hvdkit.launch.output import NO_REASON
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
@@ -286,8 +287,8 @@ def test_a_timeout_that_kills_the_launcher_leaves_no_mpirun_behind():
     process only. Under MPI, horovodrun replaced itself with mpirun; hvdkit's wrapper runs
     mpirun as its child, which must die with it and take its ranks along."""
     marker = f"hvdkit-orphan-check-{os.getpid()}"
-    argv = [sys.executable, "-m", "hvdkit.launch.horovodrun", "-np", "2", "-H", "localhost:2",
-            "--mpi", sys.executable, "-c", "import time, sys; time.sleep(120)", marker]  # fmt: skip
+    argv = launcher_argv(["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi", sys.executable,
+                          "-c", "import time, sys; time.sleep(120)", marker])  # fmt: skip
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run(argv, capture_output=True, timeout=8, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30

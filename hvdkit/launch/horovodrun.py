@@ -52,7 +52,8 @@ def _run_instead_of_exec(path: str, args: Sequence[str], env: Mapping[str, str])
     process must not leave ``mpirun`` and its ranks behind, as it did not when horovodrun
     replaced itself with ``mpirun``."""
     args = list(args)
-    if len(args) == 3 and args[1] == "-c" and "=" not in args[2].split(" ", 1)[0]:
+    shell = os.path.basename(path) in ("sh", "bash", "dash")
+    if shell and len(args) == 3 and args[1] == "-c" and "=" not in args[2].split(" ", 1)[0]:
         # horovodrun's ``/bin/sh -c 'mpirun ...'``: the shell execs mpirun rather than waiting
         # for it as a child, so the request below reaches mpirun (it survives an exec).
         args[2] = f"exec {args[2]}"
