@@ -1,6 +1,5 @@
-"""Imported by tests/ranked/test_keras_inputs.py in the ranks of a Keras job, or run under
-horovodrun (KERAS_BACKEND set first): Session.fit on the inputs of issue 49's items 8-11,
-keeping a ledger of the samples each rank trained.
+"""Imported by tests/ranked/test_keras_inputs.py in the ranks of a Keras job: Session.fit on the
+inputs of issue 49's items 8-11, keeping a ledger of the samples each rank trained.
 
 Column 0 of every row is its id; the model's first layer (:class:`Ledger`) drops it and keeps
 the ids of the batch it was called on, which a callback reads after each step. The ranks'
@@ -10,9 +9,7 @@ same global batches: the ranks' k-th batches together."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import sys
 
 import keras
 import numpy as np
@@ -207,7 +204,3 @@ def run(spec):
 def main(specs: list[str]) -> dict:
     hvd.init()
     return {"rank": hvd.rank(), "runs": {spec: run(spec) for spec in specs}}
-
-
-if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(sys.argv[1:])), flush=True)

@@ -1,13 +1,10 @@
-"""Imported by tests/ranked/test_keras_inputs.py in the ranks of a Keras job, or run under
-horovodrun (KERAS_BACKEND set first): Session.fit on one kind of input, against an oracle in the
-same process: one plain Keras model (no Horovod) trained on the global batches, the ranks' k-th
-batches together."""
+"""Imported by tests/ranked/test_keras_inputs.py in the ranks of a Keras job: Session.fit on one
+kind of input, against an oracle in the same process: one plain Keras model (no Horovod) trained
+on the global batches, the ranks' k-th batches together."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 
 import keras
 import numpy as np
@@ -111,7 +108,3 @@ def run(spec: str) -> dict:
 def main(specs: list[str]) -> dict:
     hvd.init()
     return {"rank": hvd.rank(), "runs": {spec: run(spec) for spec in specs}}
-
-
-if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(sys.argv[1:])), flush=True)

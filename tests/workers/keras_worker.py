@@ -1,7 +1,6 @@
 """Imported by tests/ranked/test_keras_fit.py inside the ranks of one job per Keras backend, or
 run under horovodrun (set KERAS_BACKEND first) where the launch is under test (preemption,
-the matrix cells, direct starts):
-each mode returns its results."""
+the matrix cells, direct starts): each mode returns its results."""
 
 from __future__ import annotations
 
