@@ -10,7 +10,7 @@ import pytest
 from hvdkit.bench import metrics, report
 from hvdkit.bench.plan import STEADY_HEAP, BenchConfig, Job, plan_jobs
 from hvdkit.bench.plots import write_plots
-from hvdkit.bench.worker import MARKER, parse_results, round_rate, timed_rounds
+from hvdkit.bench.worker import EXACT_HEAP, MARKER, parse_results, round_rate, timed_rounds
 
 MIB = metrics.MIB
 
@@ -51,14 +51,23 @@ def test_a_round_is_rated_at_its_median_step():
         round_rate(64, [])
 
 
+def _peaks(jobs):
+    """The memory section's peak jobs (not its speed rounds)."""
+    return [j for j in jobs if j.section == "memory" and j.key["variant"] != "speed"]
+
+
 def test_every_job_runs_on_the_steady_heap_unless_asked_not_to():
     jobs = plan_jobs(BenchConfig(nps=(1, 2), quick=True), available=("mpi",))
-    assert jobs and all(STEADY_HEAP.items() <= job.env.items() for job in jobs)
+    timed = [job for job in jobs if job not in _peaks(jobs)]
+    assert timed and all(STEADY_HEAP.items() <= job.env.items() for job in timed)
+    # Peaks are measured on the exact heap: the bytes live at once, at 1, 2 and 4 ranks.
+    assert all(EXACT_HEAP.items() <= job.env.items() for job in _peaks(jobs))
+    assert sorted({job.np for job in _peaks(jobs)}) == [1, 2, 4]
     # A job's own settings go over it (and --env over both, in the command).
     assert all(job.env.get("HVDKIT_BENCH_THREADS") == "1" for job in jobs
                if job.section in ("training", "keras"))  # fmt: skip
     plain = plan_jobs(BenchConfig(nps=(1, 2), quick=True, steady_heap=False), ("mpi",))
-    assert not any(set(STEADY_HEAP) & set(job.env) for job in plain)
+    assert not any(set(STEADY_HEAP) & set(job.env) for job in plain if job not in _peaks(plain))
     assert int(STEADY_HEAP["MALLOC_MMAP_THRESHOLD_"]) == 32 * MIB  # glibc's largest on 64 bits
 
 
@@ -71,7 +80,9 @@ def test_plan_covers_every_section_and_world_size():
     jobs = plan_jobs(BenchConfig(nps=(1, 2), quick=True), available=("gloo", "mpi"))
     labels = [j.label for j in jobs]
     assert labels[0] == "input pipeline"
-    assert [j.args[1] for j in jobs if j.section == "memory"] == ["plain", "sharded", "speed"] * 2
+    memory = [(j.args[1], j.np) for j in jobs if j.section == "memory"]
+    assert memory == [(v, n) for n in (1, 2, 4) for v in ("plain", "sharded")] + [
+        ("speed", 1), ("speed", 2)]  # fmt: skip
     assert "allreduce np=2 gloo" in labels and "allreduce np=2 mpi" in labels
     assert "allreduce np=1 gloo" not in labels  # busbw is zero at one rank
     cost = next(j for j in jobs if j.section == "profile")  # at the largest world size
@@ -211,14 +222,19 @@ def _memory_records() -> list[dict]:
                 "controller": "gloo", "variant": variant,
                 "result": {"ranks": np, "variant": variant, "params": 1000, **result}}  # fmt: skip
 
-    def sizes(state, peak):
+    def sizes(state, peak, steady=0):
         return {"weights_bytes": 4000, "grads_bytes": 4000, "state_bytes": state,
                 "rss_growth_bytes": 1, "peak_rss_bytes": 3e8, "peak_growth_bytes": peak,
-                "cuda_peak_bytes": None, "step_s": 0.01}  # fmt: skip
+                "steady_growth_bytes": steady,
+                "cuda_peak_bytes": None, "step_s": 0.01, "element_bytes": 4,
+                "zero_buffers_bytes": 1000, "fusion_threshold_bytes": 2**27}  # fmt: skip
 
     return [
-        rec("plain", 2, **sizes(8000, 2e7)),
-        rec("sharded", 2, **sizes(4000, 1.5e7)),
+        rec("plain", 1, **sizes(8000, 20_000, 17_000)),  # 1000 kept, 3000 passing
+        rec("sharded", 1, **sizes(8000, 17_000, 16_500)),  # 500 kept, 500 passing
+        rec("plain", 2, **sizes(8000, 24_000)),  # the model: 16000 + 4000 fusion + 4000
+        # 8000 + 4000 + 500 kept + max(1000 in flight, 500 passing)
+        rec("sharded", 2, **sizes(4000, 14_850)),
         rec("speed", 2, step_s={"plain": 0.01, "sharded": 0.0125}, ratio=0.8, rounds=3,
             link={"alpha": 1e-4, "beta": 1e-9}),
     ]  # fmt: skip
@@ -239,12 +255,30 @@ def test_the_memory_section_judges_zero_1_and_predicts_it(tmp_path):
     assert row["zero-1 bf16 grads"] < row["zero-1 fp32"]
     assert row["allreduce fp32"] == pytest.approx(1e3 * (14 * 1e-4 + 2 * 7 / 8 * 4000 * 1e-9))
     assert m["largest_model_b"]["80 GiB"]["fp32 plain N=8"] == pytest.approx(
-        round(80 * 2**30 / 16 / 1e9, 2)
+        round((80 * 2**30 - 2**27) / 16 / 1e9, 2)  # Horovod's fusion buffer set aside
     )
+    assert m["largest_model_b"]["80 GiB"]["fp32 zero-1 N=8"] == pytest.approx(
+        round((80 * 2**30 - 1000) / 9 / 1e9, 2)
+    )
+    plain, sharded = m["by_np"]["2"]["plain"]["model"], m["by_np"]["2"]["sharded"]["model"]
+    assert (plain["buffers"], plain["resident"], plain["transient"]) == (4000, 1000, 3000)
+    assert plain["total"] == 24_000
+    assert (sharded["state"], sharded["buffers"], sharded["total"]) == (4000, 1000, 13_500)
+    assert m["by_np"]["2"]["peak_saving"] == pytest.approx(9150 / 4000)
+    assert met["ZeRO-1 peak saving / (N-1)/N of the state, np=2"] == (pytest.approx(2.2875), True)
     text = report.table(s)
-    for needle in ("Memory, Adam on an MLP of 0.0 M params", "np=2 sharded", "optimizer     0.0",
-                   "throughput sharded / plain, alternating rounds: 0.800",
-                   "largest model with Adam", "MISS ZeRO-1 step throughput / plain, np=2"):
+    for needle in (
+        "Memory, Adam on an MLP of 0.0 M params",
+        "np=2 sharded",
+        "optimizer     0.0",
+        "throughput sharded / plain, alternating rounds: 0.800",
+        "largest model with Adam",
+        "MISS ZeRO-1 step throughput / plain, np=2",
+        "model     0.0 (weights 0.0",
+        "measured / model 1.00",
+        "measured / model 1.10",
+        "np=2 peak saving / (N-1)/N of plain's state: 2.29",
+    ):
         assert needle in text, needle
     written = write_plots(s, tmp_path)
     assert [p.name for p in written] == ["memory.png"] and written[0].stat().st_size > 10_000

@@ -33,23 +33,47 @@ def test_every_element_is_owned_by_exactly_one_rank(numels, size):
 def test_one_large_tensor_is_split_across_the_ranks():
     layout = Layout((1000, 10), 4)
     assert [layout.pieces(r) for r in range(4)] == [
-        [(0, 0, 253)], [(0, 253, 506)], [(0, 506, 759)], [(0, 759, 1000), (1, 0, 10)]
+        [(0, 0, 253)],
+        [(0, 253, 506)],
+        [(0, 506, 759)],
+        [(0, 759, 1000), (1, 0, 10)],
     ]
 
 
 def test_buckets_are_whole_parameters_last_first_and_splits_follow_ownership():
     layout = Layout((128, 16, 48, 3), 2)  # 195 elements, padded to 196: 98 a rank
-    assert layout.buckets(40) == [(144, 196), (0, 144)]  # 3 + 48 >= 40, then 16 + 128
-    assert layout.buckets(1) == [(192, 196), (144, 192), (128, 144), (0, 128)]
+    assert layout.buckets(64) == [(144, 196), (128, 144), (64, 128), (0, 64)]  # 128: cut
+    assert layout.buckets(52) == [(144, 196), (128, 144), (76, 128), (24, 76), (0, 24)]
     assert layout.buckets(10**6) == [(0, 196)]
     assert layout.splits(144, 196) == [0, 52] and layout.splits(0, 144) == [98, 46]
     assert sum(sum(layout.splits(lo, hi)) for lo, hi in layout.buckets(7)) == layout.total
 
 
+@pytest.mark.parametrize("limit", [1, 5, 16, 40, 129, 10**6])
+@pytest.mark.parametrize("numels", [(128, 16, 48, 3), (1000,), (0, 7, 0, 300, 2), (), (3,) * 50])
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_buckets_are_bounded_cover_the_buffer_and_cut_only_a_parameter_that_is_too_large(
+    numels, size, limit
+):
+    """What a bucket's reduce-scatter receives is N copies of this rank's piece of it: a
+    bucket of at most ``limit`` elements keeps that bounded however large one tensor is."""
+    layout = Layout(numels, size)
+    buckets = layout.buckets(limit)
+    assert buckets[0][1] == layout.total and buckets[-1][0] == 0  # last first, contiguous
+    assert all(prev[0] == nxt[1] for prev, nxt in zip(buckets, buckets[1:], strict=False))
+    assert all(0 < hi - lo <= limit for lo, hi in buckets) or buckets == [(0, layout.total)]
+    edges = {lo for lo, _ in buckets[:-1]}
+    starts = set(layout.offsets)
+    # A cut inside a parameter (not at its start, nor in the padding): only a large one.
+    for edge in edges - starts - set(range(sum(numels), layout.total)):
+        inside = [n for o, n in zip(layout.offsets, layout.numels, strict=True) if o < edge < o + n]
+        assert inside and inside[0] > limit, (edge, buckets)
+
 
 def test_the_cost_model_of_zero_stage_1():
     """Reduce-scatter plus all-gather is the ring allreduce, step for step and byte for byte;
-    sharding divides only Adam's state, so 16 bytes a parameter in fp32 become 8 + 8/N."""
+    sharding divides only Adam's state, so 16 bytes a parameter in fp32 become 8 + 8/N; fixed
+    buffers come off the memory."""
     from hvdkit.bench import costmodel
 
     link = costmodel.AlphaBeta(alpha=20e-6, beta=1e-9)
@@ -64,6 +88,17 @@ def test_the_cost_model_of_zero_stage_1():
     assert costmodel.largest_model(gib80, "fp32", 64, True) / costmodel.largest_model(
         gib80, "fp32", 64, False
     ) == pytest.approx(16 / 8.125)
+    assert costmodel.largest_model(gib80, "fp32", 8, False, fixed_bytes=2**30) == pytest.approx(
+        79 * 2**30 / 16
+    )
+    plain = costmodel.rank_memory(1000, "fp32", 2, False, zero_buffers=64, transient=10)
+    assert (plain.state, plain.buffers, plain.total) == (8000, 4000, 20010)
+    sharded = costmodel.rank_memory(1000, "fp32", 4, True, zero_buffers=64, transient=10)
+    assert (sharded.state, sharded.buffers) == (2000, 64)
+    # ZeRO's pieces in flight are freed before the optimizer's temporaries exist
+    assert sharded.total == 4000 + 4000 + 2000 + 64
+    one = costmodel.rank_memory(1000, "fp32", 1, True, zero_buffers=64)
+    assert (one.state, one.buffers, one.total) == (8000, 0, 16000)
 
 
 @pytest.mark.parametrize(

@@ -140,14 +140,76 @@ PRECISIONS: dict[str, tuple[float, float, float]] = {
     "bf16": (2.0, 2.0, 12.0),
 }
 
+FUSION_THRESHOLD = 128 * 2**20
+"""Horovod 0.28.1's default fusion buffer (``HOROVOD_FUSION_THRESHOLD``): a plain optimizer's
+allreduce copies the gradients into it, so up to that many bytes of it are touched."""
+
 
 def bytes_per_param(precision: str, ranks: int = 1, sharded: bool = False) -> float:
-    """Bytes one parameter costs each rank with Adam: ZeRO-1 divides the optimizer state by
-    ``ranks``; weights and gradients stay whole (activations are not counted)."""
+    """Bytes one parameter costs each rank with Adam, as hvdkit lays them out: weights and
+    gradients whole; ZeRO-1 (:mod:`hvdkit.torch.zero`) divides the optimizer state by
+    ``ranks`` (the reduced gradient of the rank's slice is written over its own, no extra).
+    Activations and fixed-size buffers are not per parameter (:func:`rank_memory`)."""
     weights, grads, state = PRECISIONS[precision]
     return weights + grads + (state / ranks if sharded else state)
 
 
-def largest_model(memory_bytes: float, precision: str, ranks: int, sharded: bool) -> float:
-    """Parameters that fit in ``memory_bytes`` per rank (weights, gradients, Adam's state)."""
-    return memory_bytes / bytes_per_param(precision, ranks, sharded)
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank holds at its peak, in bytes, by part: the model the bench's memory
+    section prints beside the measured peak."""
+
+    weights: float
+    grads: float
+    state: float
+    buffers: float
+    """Communication buffers: Horovod's fusion buffer, kept once touched (plain); ZeRO's
+    received pieces in flight during the backward pass (sharded)."""
+    resident: float
+    """Activations and what the framework keeps between steps: measured at one rank (where
+    nothing is communicated), the same at any world size."""
+    transient: float
+    """The optimizer's temporaries during its step, measured at one rank."""
+    sharded: bool = False
+
+    @property
+    def total(self) -> float:
+        # ZeRO's pieces in flight are summed and freed before the optimizer steps, so its
+        # buffers and the step's temporaries are never held together; Horovod's fusion
+        # buffer stays.
+        passing = max(self.buffers, self.transient) if self.sharded else (
+            self.buffers + self.transient)  # fmt: skip
+        return self.weights + self.grads + self.state + self.resident + passing
+
+
+def rank_memory(
+    params: int,
+    precision: str,
+    ranks: int,
+    sharded: bool,
+    *,
+    zero_buffers: float,
+    resident: float = 0.0,
+    transient: float = 0.0,
+    fusion_threshold: float = FUSION_THRESHOLD,
+) -> RankMemory:
+    """The bytes of :class:`RankMemory` for a model of ``params`` parameters with Adam.
+    ``zero_buffers``: ZeRO's bound on what its reduce-scatters receive in flight
+    (:func:`hvdkit.torch.zero.in_flight_bytes`). A plain run's fusion buffer is counted as
+    Horovod can touch it, up to the gradients' size or ``fusion_threshold`` (it touches what
+    its largest fused response held: less in a short run). Neither exists at one rank."""
+    weights, grads, state = (b * params for b in PRECISIONS[precision])
+    many = ranks > 1
+    if sharded:
+        buffers = min(zero_buffers, grads) if many else 0.0
+        return RankMemory(weights, grads, state / ranks, buffers, resident, transient, True)
+    buffers = min(fusion_threshold, grads) if many else 0.0
+    return RankMemory(weights, grads, state, buffers, resident, transient)
+
+
+def largest_model(
+    memory_bytes: float, precision: str, ranks: int, sharded: bool, fixed_bytes: float = 0.0
+) -> float:
+    """Parameters that fit in ``memory_bytes`` per rank (weights, gradients, Adam's state)
+    once ``fixed_bytes`` (buffers, activations) are set aside."""
+    return max(0.0, memory_bytes - fixed_bytes) / bytes_per_param(precision, ranks, sharded)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from hvdkit import envvars
 from hvdkit.bench.metrics import KIB, MIB, message_sizes
-from hvdkit.bench.worker import STEADY_HEAP
+from hvdkit.bench.worker import EXACT_HEAP, STEADY_HEAP
 from hvdkit.horovod_build.config import Controller
 from hvdkit.launch.plan import default_controller
 
@@ -148,11 +148,18 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
             if config.quick
             else ("--layers", "4", "--width", "2048", "--steps", "5", "--rounds", "6")
         )
-        for np in config.nps:
-            for variant in ("plain", "sharded", "speed"):
+        # Peaks at one rank (where the model measures its temporaries), at the world sizes
+        # asked, and at twice the largest (the np=4 beside np=2); each on the exact
+        # heap, so that a peak is the bytes live at once. Speed at the sizes asked.
+        for np in sorted({1, *config.nps, 2 * max(config.nps)}):
+            for variant in ("plain", "sharded"):
                 jobs.append(Job("memory", f"memory {variant} np={np}", "hvdkit.bench.memory",
                                 ("--variant", variant, *size), np, main_controller,
-                                dict(threads), key={"variant": variant}))  # fmt: skip
+                                {**threads, **EXACT_HEAP}, key={"variant": variant}))  # fmt: skip
+        for np in config.nps:
+            jobs.append(Job("memory", f"memory speed np={np}", "hvdkit.bench.memory",
+                            ("--variant", "speed", *size), np, main_controller, dict(threads),
+                            key={"variant": "speed"}))  # fmt: skip
     for backend in config.keras_backends if "keras" in config.sections else ():
         # Many short rounds, as for training: 6 rounds of 30 steps gave per-run medians from
         # 0.89 to 1.02 for the same code.

@@ -27,6 +27,9 @@ TARGETS = {
     # step costs at most 5% more.
     "sharded_state_vs_plain": 0.99,
     "sharded_vs_plain_speed": 0.95,
+    # Issue 51: the peak per rank below plain's by at least 80% of what sharding takes off the
+    # state ((N-1)/N of it): measured saving / promised saving.
+    "sharded_peak_saving": 0.8,
 }
 GPU_MEMORY_GIB = (16, 24, 40, 80, 141)
 """GPU memory sizes for the largest-model table (V100 16, A10 24, A100 40/80, H200 141)."""
@@ -214,6 +217,9 @@ def targets(summary: dict) -> list[dict]:
                 m["state_vs_plain"])  # fmt: skip
         if m.get("speed") is not None and int(n) > 1:
             add(f"ZeRO-1 step throughput / plain, np={n}", "sharded_vs_plain_speed", m["speed"])
+        if m.get("peak_saving") is not None and int(n) > 1:
+            add(f"ZeRO-1 peak saving / (N-1)/N of the state, np={n}", "sharded_peak_saving",
+                m["peak_saving"])  # fmt: skip
     if "profile" in summary:
         add(f"throughput with --profile / without, np={summary['profile']['ranks']}",
             "profile_on_vs_off", summary["profile"]["on_vs_off"])  # fmt: skip
@@ -268,6 +274,17 @@ def _memory(records: list[dict]) -> dict:
             if plain and sharded and sharded["state_bytes"] else None
         )  # fmt: skip
         entry["speed"] = entry["speed"]["ratio"] if "speed" in entry else None
+        # What sharding promises to take off the peak, (N-1)/N of the state, and how much
+        # of it the measured peaks show.
+        promised = plain["state_bytes"] * (int(n) - 1) / int(n) if plain else 0
+        entry["peak_saving"] = (
+            (plain["peak_growth_bytes"] - sharded["peak_growth_bytes"]) / promised
+            if plain and sharded and promised else None
+        )  # fmt: skip
+        for variant in ("plain", "sharded"):
+            modelled = memory_model(by_np, int(n), variant)
+            if modelled is not None:
+                entry[variant]["model"] = {**asdict(modelled), "total": modelled.total}
     out: dict = {"by_np": by_np, "params": params}
     if link and params:
         model = costmodel.AlphaBeta(link["alpha"], link["beta"])
@@ -282,17 +299,45 @@ def _memory(records: list[dict]) -> dict:
             }
             for n in PREDICT_RANKS
         }
+    # The buffers set aside: Horovod's fusion buffer (plain), ZeRO's received pieces in flight.
+    zero_buffers = max((r["result"].get("zero_buffers_bytes", 0) for r in records), default=0)
     out["largest_model_b"] = {
         f"{gib} GiB": {
             f"{precision} {'zero-1' if sharded else 'plain'} N={n}": round(
-                costmodel.largest_model(gib * 2**30, precision, n, sharded) / 1e9, 2
-            )
+                costmodel.largest_model(
+                    gib * 2**30,
+                    precision,
+                    n,
+                    sharded,
+                    zero_buffers if sharded else costmodel.FUSION_THRESHOLD,
+                )
+                / 1e9,
+                2,
+            )  # fmt: skip
             for precision in costmodel.PRECISIONS
             for n, sharded in ((8, False), (8, True), (64, True))
         }
         for gib in GPU_MEMORY_GIB
     }
     return out
+
+
+def memory_model(by_np: dict, ranks: int, variant: str) -> costmodel.RankMemory | None:
+    """The model of ``variant``'s peak at ``ranks``: its bytes counted from the tensors, the
+    buffers the implementation bounds, and what the same variant measured at one rank beyond
+    its weights, gradients and state (kept between steps; and passing, peak minus kept).
+    None without the one-rank run."""
+    one, this = by_np.get("1", {}).get(variant), by_np.get(str(ranks), {}).get(variant)
+    if not one or not this or "steady_growth_bytes" not in one:
+        return None
+    counted = one["weights_bytes"] + one["grads_bytes"] + one["state_bytes"]
+    return costmodel.rank_memory(
+        this["params"], "fp32", ranks, variant == "sharded",
+        zero_buffers=this["zero_buffers_bytes"],
+        resident=max(0, one["steady_growth_bytes"] - counted),
+        transient=max(0, one["peak_growth_bytes"] - max(one["steady_growth_bytes"], counted)),
+        fusion_threshold=this["fusion_threshold_bytes"],
+    )  # fmt: skip
 
 
 def document(config: BenchConfig, machine: dict, records: list[dict], complete: bool) -> dict:
@@ -408,6 +453,20 @@ def table(summary: dict) -> str:
                         + (f"  CUDA peak {cuda / 1e6:7.1f}" if cuda else "")
                         + f"  step {r['step_s'] * 1e3:6.1f} ms"
                     )
+                    if "model" in r and n != "1":  # one rank: where temporaries are measured
+                        m = r["model"]
+                        parts = "  ".join(
+                            f"{k} {m[k] / 1e6:.1f}"
+                            for k in ("weights", "grads", "state", "buffers", "resident",
+                                      "transient")
+                        )  # fmt: skip
+                        lines.append(
+                            f"  {'':<13}model {m['total'] / 1e6:7.1f} ({parts}); "
+                            f"measured / model {r['peak_growth_bytes'] / m['total']:.2f}"
+                        )
+            if e.get("peak_saving") is not None:
+                lines.append(f"  np={n} peak saving / (N-1)/N of plain's state: "
+                             f"{e['peak_saving']:.2f}")  # fmt: skip
             if e.get("speed") is not None:
                 lines.append(f"  np={n} throughput sharded / plain, alternating rounds: "
                              f"{e['speed']:.3f}")  # fmt: skip

@@ -26,6 +26,10 @@ PIECE = 2000  # characters of JSON a line: under a pipe's atomic write (4 KiB)
 # 6.6 s -> 0.3 s), and its step-to-step spread (p10-p90) went from +-8% to +-2% (2026-11-27):
 # the variants are compared at the same heap settings either way. ``emit`` reports it.
 STEADY_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 * MIB), "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+# The memory section's plain and sharded jobs instead: every block over 1 MiB a mapping of its
+# own, returned when freed, so that the peak is the bytes live at once (the steady heap keeps
+# freed blocks, and how they fragment moved the same job's peak by 50 MB from run to run).
+EXACT_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(MIB), "MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}
 
 
 @rank_zero.rank_zero_only
@@ -35,7 +39,7 @@ def emit(result: dict) -> None:
     came back unreadable from a loaded run under mpirun: a line longer than a pipe's atomic
     write can reach the launcher in pieces with other output between them."""
     # What the job ran with (hvdkit bench's steady heap, or not), filed with its numbers.
-    malloc = {name: os.environ.get(name) for name in STEADY_HEAP}
+    malloc = {name: os.environ.get(name) for name in STEADY_HEAP}  # the same names in both
     text = json.dumps({**result, "malloc": malloc}, separators=(",", ":"))
     pieces = [text[i : i + PIECE] for i in range(0, len(text), PIECE)] or [""]
     for piece in pieces[:-1]:

@@ -5,11 +5,16 @@ Each param group's parameters are laid out as one flat buffer, padded to a multi
 world size, and rank ``r`` owns the ``r``-th equal slice of it (:class:`Layout`, pure): a single
 large tensor is split across ranks like everything else. A step:
 
-1. the group's gradients, flattened, are reduce-scattered (averaged; :func:`reduce_scatter`),
-   so each rank holds the reduced gradient of its slice only;
+1. the group's gradients, flattened, are reduce-scattered (averaged) in buckets as the
+   backward pass fills them, each rank summing the copies of its slice it receives over its
+   own gradient there (no buffer of its own), at most :data:`IN_FLIGHT` buckets of
+   :data:`BUCKET` elements received at once;
 2. an inner optimizer of the user's class, over one shard tensor per group with the group's
    hyperparameters, updates the slice in place (its state is the slice's: 1/N of the whole);
-3. the updated slices are all-gathered into the parameters.
+3. each rank broadcasts its updated slice, in place, into the others' parameters.
+
+So a rank holds weights, gradients and 1/N of the state, and buffers of a fixed size: no
+copy the size of the model (at N=2 one would cost all that sharding saves).
 
 The parameters and their gradients live in one flat buffer each per group (each ``p.data``
 and ``p.grad`` a view, as DDP's ``gradient_as_bucket_view``), so flattening costs no copy, the
@@ -22,9 +27,11 @@ at another step (a layer unfrozen mid-training) get a buffer of their own, and a
 trainable set (unfreezing, ``add_param_group``) re-cuts the buffers at the next step. Only
 optimizers whose update is elementwise are taken (:func:`declare_elementwise`).
 
-Reduce-scatter and all-gather move together what one ring allreduce moves: 2 (N-1)/N of the
-gradient bytes. Whatever sets the weights in place (a broadcast, ``load_state_dict``) writes
-the flat buffer; a parameter whose ``data`` was replaced is copied back in at the next step.
+Reduce-scatter and the slices' broadcasts move together what one ring allreduce moves: 2
+(N-1)/N of the gradient bytes. Whatever sets the weights in place (a broadcast,
+``load_state_dict``) writes the flat buffer; a parameter whose ``data`` was replaced is copied
+back in at the next step. After a step a rank's gradients hold the average over its own slice
+(as Horovod's allreduce leaves the average in every gradient) and its own gradient elsewhere.
 
 ``state_dict()`` is collective: it gathers the slices into the state a plain optimizer of the
 same class would have, keyed as torch keys it, so a checkpoint does not depend on the world
@@ -85,16 +92,28 @@ class Layout:
         return rank * self.shard, (rank + 1) * self.shard
 
     def buckets(self, limit: int) -> list[tuple[int, int]]:
-        """The flat buffer cut into ``[start, end)`` ranges of whole parameters of about
-        ``limit`` elements (a larger parameter alone), covering it all (the last one to the
-        padded end), in the order a backward pass fills them: the last parameters first."""
-        ranges, hi, elements = [], self.total, 0
+        """The flat buffer cut into ``[start, end)`` ranges of at most ``limit`` elements,
+        covering it all (the last one to the padded end), in the order a backward pass fills
+        them: the last parameters first. Whole parameters while they fit; a parameter larger
+        than ``limit`` is cut into pieces (each sent once the whole parameter's gradient is
+        in), so what a bucket's reduce-scatter receives stays bounded however large a
+        tensor is."""
+        limit = max(1, limit)
+        whole, hi, lo = [], self.total, self.total
         for i in reversed(range(len(self.numels))):
-            elements += self.numels[i]
-            if elements >= limit or i == 0:
-                lo = self.offsets[i] if i > 0 else 0
-                ranges.append((lo, hi))
-                hi, elements = lo, 0
+            start = self.offsets[i] if i > 0 else 0
+            if lo < hi and hi - start > limit:
+                whole.append((lo, hi))
+                hi = lo
+            lo = start
+        if lo < hi:
+            whole.append((lo, hi))
+        ranges = []
+        for lo, hi in whole:  # a bucket longer than the limit: one parameter, cut from its end
+            while hi - lo > limit:
+                ranges.append((hi - limit, hi))
+                hi -= limit
+            ranges.append((lo, hi))
         return ranges or [(0, self.total)]
 
     def splits(self, start: int, end: int) -> list[int]:
@@ -118,8 +137,18 @@ class Layout:
 
 CHUNK = 1 << 21
 """Elements per inner-optimizer parameter (8 MiB of float32)."""
-BUCKET = 1 << 22
-"""Elements per reduce-scatter bucket (16 MiB of float32)."""
+BUCKET = 1 << 21
+"""Elements a reduce-scatter bucket's output may take (8 MiB of float32): a bucket is
+``BUCKET // N`` elements, and each rank receives N copies of its piece of it."""
+IN_FLIGHT = 4
+"""Bucket outputs a group may have in flight (what has arrived is summed and freed first). A
+buffer for all of them, the size of the model, would cost what sharding saves (at N=2, all of
+it); fewer in flight make the backward pass wait on the collectives."""
+
+
+def in_flight_bytes(element_size: int = 4) -> int:
+    """The most a group's reduce-scatters hold received at once, in bytes."""
+    return IN_FLIGHT * BUCKET * element_size
 
 
 class _Group:
@@ -153,41 +182,49 @@ class _Group:
         # tensor took Adam twice the time, every temporary a fresh mmap and page faults.
         self.chunks = [self.shard[a : a + CHUNK] for a in range(0, self.layout.shard, CHUNK)]
         self.grad: torch.Tensor | None = None  # the reduced gradient of the shard
-        self._scratch: torch.Tensor | None = None
-        # Buckets of whole parameters, each reduce-scattered (an alltoall) as soon as the
-        # backward pass has filled it, behind the rest of the pass.
-        self.buckets = self.layout.buckets(BUCKET)
-        offsets = self.layout.offsets
+        # Buckets of at most BUCKET // N elements (whole parameters while they fit), each
+        # reduce-scattered (an alltoall) as soon as the backward pass has filled it, behind
+        # the rest of the pass.
+        self.buckets = self.layout.buckets(BUCKET // size)
         self.bucket_of = [
-            next(b for b, (lo, hi) in enumerate(self.buckets) if lo <= offsets[i] < hi or
-                 (offsets[i] == hi == self.layout.total))
-            for i in range(len(params))
+            [b for b, (lo, hi) in enumerate(self.buckets)
+             if lo < off + n and off < hi or (n == 0 and lo <= off < hi)]
+            for off, n in zip(self.layout.offsets, self.layout.numels, strict=True)
         ]  # fmt: skip
-        self.members = [[i for i, b in enumerate(self.bucket_of) if b == k]
+        self.members = [[i for i, bs in enumerate(self.bucket_of) if k in bs]
                         for k in range(len(self.buckets))]  # fmt: skip
-        # Where each bucket's alltoall output starts in scratch(), in elements: after the
-        # buckets before it, each N times this rank's piece of it.
-        received = [self.layout.splits(lo, hi)[rank] * size for lo, hi in self.buckets]
-        self.received_at = [sum(received[:b]) for b in range(len(received))]
         self.counts = [0] * len(params)
-        self.pending: dict[int, Any] = {}
+        self.sent: set[int] = set()  # this step's buckets, sent (and maybe reduced already)
+        self.summed: set[int] = set()  # those reduced into this rank's slice of flat_grad
+        self.received = 0  # elements of the outputs in flight
+        self.pending: dict[int, Any] = {}  # bucket: (handle, output), in the order sent
         self.late: set[int] = set()  # buckets written to after they were sent
         self.hooks: list[Any] = []
 
-    def watch(self, passes: Callable[[], int], wire: Callable[[torch.Tensor], torch.Tensor],
-              name: str) -> None:  # fmt: skip
+    def watch(self, passes: Callable[[], int], compression: Any, op: Any, name: str) -> None:
         """Send each bucket once every parameter in it has had its gradient accumulated
-        ``passes()`` times (the last backward pass of a step)."""
-        self._wire, self._name = wire, name
+        ``passes()`` times (the last backward pass of a step); what arrives is reduced with
+        ``op`` (Average or Sum), travelling as ``compression`` makes it."""
+        self._compression, self._average, self._name = compression, op == hvd.Average, name
 
         def ready(i: int) -> None:
             self._take_grad(i)
             self.counts[i] += 1
-            bucket = self.bucket_of[i]
-            if bucket in self.pending:
-                self.late.add(bucket)  # e.g. a weight used twice: sent again at the step
-            elif all(self.counts[j] >= passes() for j in self.members[bucket]):
-                self.send(bucket)
+            for bucket in self.bucket_of[i]:
+                if bucket in self.summed:
+                    raise RuntimeError(
+                        f"hvdkit: shard_optimizer=True: parameter {i} of a param group had its "
+                        "gradient accumulated again after its bucket was reduced into this "
+                        "rank's slice (more backward passes than backward_passes_per_step="
+                        f"{passes()}, or a parameter accumulated twice in one pass, as under "
+                        "torch.utils.checkpoint(use_reentrant=True)). Fix: pass setup() the "
+                        "number of backward passes a step takes (backward_passes_per_step=), "
+                        "or checkpoint with use_reentrant=False"
+                    )
+                if bucket in self.sent:
+                    self.late.add(bucket)  # sent again at the step
+                elif all(self.counts[j] >= passes() for j in self.members[bucket]):
+                    self.send(bucket)
 
         for i, p in enumerate(self.params):
             if p.requires_grad:
@@ -212,41 +249,65 @@ class _Group:
         p.grad = view
 
     def send(self, bucket: int) -> None:
+        """Start ``bucket``'s reduce-scatter: this rank receives every rank's copy of its
+        piece of the bucket. With two buckets in flight already, the oldest is reduced first,
+        so that the received pieces never take more than two outputs' memory."""
         lo, hi = self.buckets[bucket]
         splits = self.layout.splits(lo, hi)
-        wire = self._wire(self.flat_grad[lo:hi])
-        output, output_splits = self.received(bucket, wire, splits[self.rank])
-        self.pending[bucket] = mpi_ops._alltoall_async(
-            wire, torch.tensor(splits, dtype=torch.int32), output, output_splits,
-            f"{self._name}.{bucket}", hvd.global_process_set,
+        need = splits[self.rank] * self.layout.size
+        for older in [b for b, (handle, _) in self.pending.items() if hvd.poll(handle)]:
+            self._finish(older)  # arrived already: summed now, its output freed
+        while self.pending and self.received + need > IN_FLIGHT * BUCKET:
+            self._finish(next(iter(self.pending)))
+        wire = to_wire(self.flat_grad[lo:hi], self._compression)
+        output = wire.new_empty(need)
+        self.received += need
+        handle = mpi_ops._alltoall_async(
+            wire, torch.tensor(splits, dtype=torch.int32), output,
+            torch.empty(self.layout.size, dtype=torch.int32), f"{self._name}.{bucket}",
+            hvd.global_process_set,
         )  # fmt: skip
+        self.pending[bucket] = (handle, output)
+        self.sent.add(bucket)
 
-    def reduce(self, op: Any, compression: Any) -> torch.Tensor:
-        """This rank's slice of the gradients reduced over the ranks: the buckets not sent
-        during the backward pass (or written to since) are sent now, then each rank's
-        pieces of the slice are summed as they arrive."""
-        self.flat_grads()
-        for bucket in sorted(self.late):
-            hvd.synchronize(self.pending.pop(bucket))
-        for bucket in range(len(self.buckets)):
-            if bucket not in self.pending:
-                self.send(bucket)
-        if self.grad is None:
-            self.set_grad(torch.empty_like(self.shard))
-        assert self.grad is not None
+    def _finish(self, bucket: int) -> None:
+        """Wait for ``bucket``'s reduce-scatter and sum what came in, in place of this
+        rank's own gradient in its slice (sent already): the reduced slice costs no memory of
+        its own, as Horovod's allreduce writes the average over the gradient."""
+        handle, output = self.pending.pop(bucket)
+        self.received -= output.numel()
+        received = bf16.tensor_of(hvd.synchronize(handle))
+        lo, hi = self.buckets[bucket]
         mine_lo, mine_hi = self.layout.owned(self.rank)
-        for bucket in sorted(self.pending):
-            received = bf16.tensor_of(hvd.synchronize(self.pending[bucket]))
-            lo, hi = self.buckets[bucket]
-            lo, hi = max(lo, mine_lo), min(hi, mine_hi)
-            if lo < hi:
-                self.grad[lo - mine_lo : hi - mine_lo] = reduce_received(
-                    received, self.layout.size, op == hvd.Average, compression, self.grad.dtype
-                )
-        self.pending.clear()
+        lo, hi = max(lo, mine_lo), min(hi, mine_hi)
+        if lo < hi:
+            self.flat_grad[lo:hi] = reduce_received(
+                received, self.layout.size, self._average, self._compression,
+                self.flat_grad.dtype,
+            )  # fmt: skip
+            self.summed.add(bucket)
+
+    def reduce(self) -> torch.Tensor:
+        """This rank's slice of the gradients reduced over the ranks: the buckets not sent
+        during the backward pass (or written to since) are sent now, and each rank's pieces
+        of the slice are summed as they arrive."""
+        self.flat_grads()
+        for bucket in sorted(self.late):  # none summed: that raised at the accumulation
+            if bucket in self.pending:
+                handle, output = self.pending.pop(bucket)
+                hvd.synchronize(handle)
+                self.received -= output.numel()
+            self.sent.discard(bucket)
+        for bucket in range(len(self.buckets)):
+            if bucket not in self.sent:
+                self.send(bucket)
+        while self.pending:
+            self._finish(next(iter(self.pending)))
+        self.sent.clear()
+        self.summed.clear()
         self.late.clear()
         self.counts = [0] * len(self.params)
-        return self.grad
+        return self.mine(self.flat_grad)
 
     def set_grad(self, grad: torch.Tensor | None) -> None:
         self.grad = grad
@@ -279,40 +340,22 @@ class _Group:
             self._take_grad(i)
         return self.flat_grad
 
-    def scratch(self) -> torch.Tensor:
-        """One buffer the size of the parameters, kept from step to step: it receives the
-        gradients' pieces (:meth:`received`), then, once they are summed, the gathered
-        parameters (:meth:`gather_params`). Fresh outputs each step cost more than the
-        collectives themselves (measured here, np=2, the parameters' allgather: 97-120 ms
-        against 44-51 ms under Gloo, 55 against 25 under MPI), all of it page faults on
-        tensors the size of the model; one buffer for both keeps the peak where it was."""
-        if self._scratch is None or self._scratch.shape != self.flat_param.shape:
-            self._scratch = torch.empty_like(self.flat_param)
-        return self._scratch
-
-    def received(self, bucket: int, wire: torch.Tensor, count: int) -> tuple[Any, Any]:
-        """Where ``bucket``'s alltoall puts what every rank sends this one (``count`` elements
-        of ``wire``'s dtype from each): its place in :meth:`scratch`, after the buckets before
-        it (the wire's dtype is never wider than the parameters')."""
-        size = wire.element_size()
-        start = self.received_at[bucket] * size
-        raw = self.scratch().view(torch.uint8)[start : start + count * self.layout.size * size]
-        return raw.view(wire.dtype), torch.empty(self.layout.size, dtype=torch.int32)
-
     def gather_params(self, name: str) -> None:
-        """Every rank's updated slice into the parameters, gathered into :meth:`scratch`.
-        Horovod's public ``allgather`` has no output argument; its ``_allgather_async`` (the
-        same call, given the output) does. Not the parameters' own buffer as the output: MPI
-        refuses an input inside its output."""
-        if self.layout.size == 1:
+        """Every rank's updated slice into the parameters: each rank broadcasts its slice in
+        place, into the same place in the others' flat buffers, all at once. An all-gather
+        would need an output apart from the parameters (the ranks' pieces of one call are
+        not contiguous there, and MPI refuses an input inside its output): memory the size of
+        the model, or many small calls in turn."""
+        size, shard = self.layout.size, self.layout.shard
+        if size == 1:
             return  # the shard is the whole buffer, updated in place
-        gathered = self.scratch()
-        hvd.synchronize(
-            mpi_ops._allgather_async(self.shard, gathered, name, hvd.global_process_set)
-        )
-        mine_lo, mine_hi = self.layout.owned(self.rank)
-        self.flat_param[:mine_lo].copy_(gathered[:mine_lo])
-        self.flat_param[mine_hi:].copy_(gathered[mine_hi:])
+        handles = [
+            hvd.broadcast_async_(self.flat_param[r * shard : (r + 1) * shard], root_rank=r,
+                                 name=f"{name}.{r}")
+            for r in range(size)
+        ]  # fmt: skip
+        for handle in handles:
+            hvd.synchronize(handle)
 
     def flat(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
         """The group's per-parameter tensors (None: zeros) as one padded flat buffer."""
@@ -427,7 +470,7 @@ class _Sharded:
             carried, self.state = dict(self.state), collections.defaultdict(dict)
         for old in self._hvdkit_groups:
             old.unwatch()
-            for handle in old.pending.values():  # buckets sent before the change was seen
+            for handle, _ in old.pending.values():  # sent before the change was seen
                 hvd.synchronize(handle)
         self._hvdkit_world, self._hvdkit_signature = world, trainable
         every = [p for g in self.param_groups for p in g["params"]]
@@ -438,11 +481,11 @@ class _Sharded:
                 self._hvdkit_groups.append(_Group(cohort, *world, like=like))
                 self._hvdkit_owners.append(index)
         if world[0] > 1:
-            compression = self._hvdkit_compression
             for i, group in enumerate(self._hvdkit_groups):
                 group.watch(
                     lambda: self.backward_passes_per_step,
-                    lambda flat: to_wire(flat, compression),
+                    self._hvdkit_compression,
+                    self._hvdkit_op,
                     f"hvdkit.zero.grad.{i}",
                 )
         groups = [
@@ -467,7 +510,7 @@ class _Sharded:
             if hvd.size() == 1:  # nothing to reduce with, and nothing sent (as Horovod's)
                 group.set_grad(group.mine(group.flat_grads()))
             else:
-                group.set_grad(group.reduce(self._hvdkit_op, self._hvdkit_compression))
+                group.set_grad(group.reduce())
         self._synchronized = True
 
     @contextlib.contextmanager
