@@ -140,3 +140,40 @@ def test_lazy_modules_get_a_clear_error_on_every_rank(horovod):
     assert "uninitialized parameters of a lazy module" in str(caught.value)
     assert "run one forward pass" in str(caught.value)
     assert same_on_every_rank(horovod, True)  # every rank was told, none left waiting
+
+
+def test_zero_with_buckets_summed_during_the_pass_equals_plain_and_refuses_a_pass_too_many(
+    horovod, monkeypatch
+):
+    """ZeRO's buckets, many and at most one received at a time (each summed over the rank's
+    own gradient as the next is sent), give the plain optimizer's step; a backward pass more
+    than ``backward_passes_per_step`` would add onto a summed slice, and is refused with the
+    fix on every rank (plain Horovod refuses it too)."""
+    from hvdkit.torch import zero
+
+    monkeypatch.setattr(zero, "BUCKET", 16)
+    monkeypatch.setattr(zero, "IN_FLIGHT", 1)
+
+    def trained(shard: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        session = horovod.setup(model, opt, shard_optimizer=shard, lr_scaling="none")
+        gen = torch.Generator().manual_seed(10 + horovod.rank())
+        for _ in range(3):
+            session.optimizer.zero_grad()
+            model(torch.randn(4, 6, generator=gen)).pow(2).mean().backward()
+            session.optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(trained(True), trained(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    session = horovod.setup(model, torch.optim.Adam(model.parameters()), shard_optimizer=True)
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    with pytest.raises(RuntimeError) as caught:
+        model(torch.randn(4, 6)).pow(2).mean().backward()
+    assert "backward_passes_per_step=" in str(caught.value)
+    assert same_on_every_rank(horovod, True)
