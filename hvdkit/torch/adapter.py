@@ -26,6 +26,7 @@ from hvdkit.torch.bf16 import Compression
 from hvdkit.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
+    broadcast_state_dict,
     init,
     load_optimizer_state_,
 )
@@ -227,7 +228,9 @@ class TorchAdapter(Adapter):
         if self.config.shard_optimizer:
             # Every rank keeps its slice of the root's whole state (None: nothing resumed),
             # cut for the world as it is now (after an elastic reset, a new one).
-            resumed = self._broadcast_object(self.resumed_optimizer)
+            resumed = broadcast_state_dict(
+                self.resumed_optimizer, self.config.root_rank, "hvdkit.resumed"
+            )
             if resumed is not None:
                 self.optimizer.load_state_dict(resumed)
             if not self.config.elastic:
@@ -310,11 +313,19 @@ class TorchAdapter(Adapter):
         return atomic_write(path, lambda fh: torch.save(state, fh))
 
     def _snapshot(self) -> dict[str, Any]:
-        snapshot: dict[str, Any] = copy.deepcopy(
+        # In host memory: a commit on the GPU would hold a second copy of the model there.
+        # A sharded optimizer's whole state on every rank: any of them may be the root after
+        # a reset (gathered one tensor at a time).
+        optimizer = (
+            zero.state_everywhere(self.optimizer)
+            if self.config.shard_optimizer
+            else self.optimizer.state_dict()
+        )
+        snapshot: dict[str, Any] = _on_host(
             {
                 "model": self.model.state_dict(),
                 "outside": [p.detach() for p in self.outside()],
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer,
             }
         )
         if self.config.shard_optimizer:  # what rank 0 gives the others at the next sync
@@ -375,6 +386,21 @@ class TorchAdapter(Adapter):
 
     def _broadcast_object(self, obj: Any) -> Any:
         return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")
+
+
+def _on_host(value: Any) -> Any:
+    """A deep copy of ``value`` with every tensor copied into host memory (a module's
+    ``state_dict`` keeps its type and version metadata)."""
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        out = type(value)((k, _on_host(v)) for k, v in value.items())
+        if hasattr(value, "_metadata"):
+            out._metadata = copy.deepcopy(value._metadata)  # type: ignore[attr-defined]
+        return out
+    if isinstance(value, list | tuple):
+        return type(value)(_on_host(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def _copy_outside(params: list[torch.Tensor], saved: list[torch.Tensor] | None) -> None:

@@ -162,10 +162,55 @@ def broadcast_optimizer_state(
         load_optimizer_state_(optimizer, {"param_groups": skeleton["param_groups"], "state": state})
 
 
-def load_optimizer_state_(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+PIECE = 1 << 27
+"""Elements one broadcast of a state tensor carries at most (512 MiB of float32): MPI counts in
+32-bit ints."""
+
+
+def broadcast_state_dict(
+    state_dict: dict[str, Any] | None, root_rank: int, name: str
+) -> dict[str, Any] | None:
+    """``root_rank``'s optimizer ``state_dict`` (or None) on every rank, in host memory: its
+    structure as one small object, then each tensor by itself. Horovod's ``broadcast_object``
+    sends one pickle whose size is a 32-bit int, so a state above 2 GiB fails on the root
+    while the others wait, and below it the root holds several copies at once."""
+    mine = hvd.rank() == root_rank
+    skeleton = hvd.broadcast_object(
+        {**state_dict, "state": _state_skeleton(state_dict["state"])}
+        if mine and state_dict is not None
+        else None,
+        root_rank,
+        name=f"{name}.skeleton",
+    )
+    if skeleton is None:
+        return None
+    state: dict[int, dict[str, Any]] = {}
+    for pid, entries in skeleton["state"].items():
+        state[pid] = {}
+        for key, (kind, *rest) in entries.items():
+            if kind == "value":
+                state[pid][key] = rest[0]
+                continue
+            shape, dtype, _ = rest
+            if mine:
+                assert state_dict is not None
+                tensor = state_dict["state"][pid][key].detach().to("cpu").contiguous()
+            else:
+                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+            flat = tensor.view(-1)
+            for at in range(0, flat.numel(), PIECE):
+                hvd.broadcast_(flat[at : at + PIECE], root_rank, name=f"{name}.{pid}.{key}.{at}")
+            state[pid][key] = tensor
+    return {**skeleton, "state": state}
+
+
+def load_optimizer_state_(
+    optimizer: torch.optim.Optimizer, state_dict: dict[str, Any], to_device: bool = True
+) -> None:
     """``optimizer.load_state_dict`` that keeps the existing param-group dicts. torch's
     version replaces them, which silently detaches an LR scheduler built on the optimizer:
-    it goes on setting the LR of groups nothing uses any more."""
+    it goes on setting the LR of groups nothing uses any more. ``to_device=False`` keeps the
+    state's tensors where they are (a sharded optimizer moves only its slice)."""
     groups, saved_groups = optimizer.param_groups, state_dict["param_groups"]
     sizes = [len(g["params"]) for g in groups]
     saved_sizes = [len(g["params"]) for g in saved_groups]
@@ -184,9 +229,11 @@ def load_optimizer_state_(optimizer: torch.optim.Optimizer, state_dict: dict[str
     for pid, entries in state_dict["state"].items():
         param, group = params[int(pid)]
         optimizer.state[param] = {
-            key: _like_param(value, param) if key != "step" else _step_like(value, param, group)
+            key: value if not to_device
+            else _like_param(value, param) if key != "step"
+            else _step_like(value, param, group)
             for key, value in entries.items()
-        }
+        }  # fmt: skip
 
 
 def _like_param(value: Any, param: torch.Tensor) -> Any:

@@ -135,6 +135,8 @@ class Layout:
         return out
 
 
+ON_RANK_0 = "hvdkit_gathered_on_rank_0"
+"""The key marking a sharded ``state_dict()`` of a rank other than 0 (which holds no state)."""
 CHUNK = 1 << 21
 """Elements per inner-optimizer parameter (8 MiB of float32)."""
 BUCKET = 1 << 21
@@ -158,16 +160,30 @@ class _Group:
     in place."""
 
     def __init__(
-        self, params: list[torch.Tensor], size: int, rank: int, like: torch.Tensor
+        self,
+        params: list[torch.Tensor],
+        size: int,
+        rank: int,
+        like: torch.Tensor,
+        reuse: _Group | None = None,
     ) -> None:
         self.params = params
         self.layout = Layout(tuple(p.numel() for p in params), size)
         self.rank = rank
-        # An empty group (a decay/no-decay split with nothing on one side, or all frozen)
-        # keeps one padding slice per rank, so every group steps and gathers alike.
-        first = params[0] if params else like
-        self.flat_param = torch.zeros(self.layout.total, dtype=first.dtype, device=first.device)
-        self.flat_grad = torch.zeros_like(self.flat_param)
+        self.flat_param: torch.Tensor
+        self.flat_grad: torch.Tensor
+        if reuse is not None and (reuse.layout, reuse.rank) == (self.layout, rank):
+            # The same parameters at the same world (a state loaded, an elastic reset that
+            # kept the size): their buffers as they are. New ones would hold the weights and
+            # gradients twice until the old were let go.
+            self.flat_param, self.flat_grad = reuse.flat_param, reuse.flat_grad
+        else:
+            # An empty group (a decay/no-decay split with nothing on one side, or all
+            # frozen) keeps one padding slice per rank, so every group steps and gathers
+            # alike.
+            first = params[0] if params else like
+            self.flat_param = torch.zeros(self.layout.total, dtype=first.dtype, device=first.device)
+            self.flat_grad = torch.zeros_like(self.flat_param)
         self._adopt_params()
         for i, p in enumerate(params):
             if p.requires_grad:
@@ -357,16 +373,20 @@ class _Group:
         for handle in handles:
             hvd.synchronize(handle)
 
-    def flat(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
-        """The group's per-parameter tensors (None: zeros) as one padded flat buffer."""
-        parts = [
-            t.detach().reshape(-1) if t is not None else torch.zeros_like(p).reshape(-1)
-            for t, p in zip(tensors, self.params, strict=True)
-        ]
-        pad = self.layout.total - sum(self.layout.numels)
-        if pad:
-            parts.append(self.flat_param.new_zeros(pad))
-        return torch.cat(parts)
+    def slice_of(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+        """This rank's slice of the group's per-parameter tensors (None: zeros), on the
+        shard's device, in its dtype where they are floating point: copied piece by piece,
+        never the whole group's flat buffer."""
+        sample = next(t for t in tensors if t is not None)
+        dtype = self.shard.dtype if sample.is_floating_point() else sample.dtype
+        out = torch.zeros(self.layout.shard, dtype=dtype, device=self.shard.device)
+        start, _ = self.layout.owned(self.rank)
+        for i, lo, hi in self.layout.pieces(self.rank):
+            tensor = tensors[i]
+            if tensor is not None:
+                at = self.layout.offsets[i] + lo - start
+                out[at : at + hi - lo] = tensor.detach().reshape(-1)[lo:hi]
+        return out
 
     def unflat(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """A padded flat buffer as one tensor per parameter, each shaped like it."""
@@ -380,9 +400,19 @@ class _Group:
         return flat[start:end]
 
 
-def _gather(tensor: torch.Tensor, name: str) -> torch.Tensor:
-    # One rank holds everything: Horovod's collective would only add its cycle's latency.
-    return tensor if hvd.size() == 1 else hvd.allgather(tensor, name=name)
+def _gather(tensor: torch.Tensor, name: str, root: int | None) -> torch.Tensor | None:
+    """Every rank's slice ``tensor`` joined, on the host: on every rank (``root`` None), or on
+    ``root`` only (an alltoall in which every rank sends its slice there; the others get
+    None). One state tensor at a time, so no rank ever holds more than one tensor's gather
+    beyond what it keeps."""
+    mine = tensor.detach().to("cpu")
+    if hvd.size() == 1:
+        return mine.clone() if mine.data_ptr() == tensor.data_ptr() else mine
+    if root is None:
+        return hvd.allgather(mine, name=name)
+    splits = [mine.numel() if r == root else 0 for r in range(hvd.size())]
+    received, _ = hvd.alltoall(mine, splits=torch.tensor(splits, dtype=torch.int32), name=name)
+    return received if hvd.rank() == root else None
 
 
 def to_wire(flat: torch.Tensor, compression: Any) -> torch.Tensor:
@@ -468,6 +498,11 @@ class _Sharded:
         elif given is None and inner_now is None and self.state:
             # State the constructor made (Adagrad's initial sums): sliced like any other.
             carried, self.state = dict(self.state), collections.defaultdict(dict)
+        reusable = (
+            {tuple(id(p) for p in old.params): old for old in self._hvdkit_groups}
+            if world == self._hvdkit_world
+            else {}
+        )
         for old in self._hvdkit_groups:
             old.unwatch()
             for handle, _ in old.pending.values():  # sent before the change was seen
@@ -478,7 +513,8 @@ class _Sharded:
         self._hvdkit_groups, self._hvdkit_owners = [], []
         for index, g in enumerate(self.param_groups):
             for cohort in _cohorts([p for p in g["params"] if p.requires_grad], carried):
-                self._hvdkit_groups.append(_Group(cohort, *world, like=like))
+                reuse = reusable.get(tuple(id(p) for p in cohort))
+                self._hvdkit_groups.append(_Group(cohort, *world, like=like, reuse=reuse))
                 self._hvdkit_owners.append(index)
         if world[0] > 1:
             for i, group in enumerate(self._hvdkit_groups):
@@ -585,8 +621,10 @@ class _Sharded:
                 group.grad.mul_(scale.to(group.grad.dtype))
         return total
 
-    def _hvdkit_full_state(self) -> dict[torch.Tensor, dict[str, Any]]:
-        """Collective: every parameter's state, as a plain optimizer would hold it."""
+    def _hvdkit_full_state(self, root: int | None = None) -> dict[torch.Tensor, dict[str, Any]]:
+        """Collective: every parameter's state, as a plain optimizer would hold it, in host
+        memory: on every rank (``root`` None), or on ``root`` only (the others get the frozen
+        parameters' state and the step counts, not the slices' tensors)."""
         inner = self._hvdkit_inner
         # Frozen parameters keep the state they had, as a plain optimizer's do.
         full: dict[torch.Tensor, dict[str, Any]] = dict(self._hvdkit_parked)
@@ -598,7 +636,9 @@ class _Sharded:
             for key in sorted(states[0]):
                 value = group.joined([state[key] for state in states])
                 if key != "step" and torch.is_tensor(value) and value.shape == group.shard.shape:
-                    gathered = _gather(value.detach(), f"hvdkit.zero.state.{i}.{key}")
+                    gathered = _gather(value, f"hvdkit.zero.state.{i}.{key}", root)
+                    if gathered is None:
+                        continue
                     for entry, piece in zip(per_param, group.unflat(gathered), strict=True):
                         entry[key] = piece.clone()
                 else:
@@ -630,27 +670,40 @@ class _Sharded:
                     v is None or (torch.is_tensor(v) and v.shape == p.shape)
                     for v, p in zip(values, group.params, strict=True)
                 ):
-                    flat = group.flat(values)
-                    dtype = group.shard.dtype if flat.is_floating_point() else flat.dtype
-                    state[key] = group.mine(flat).to(group.shard.device, dtype)
+                    state[key] = group.slice_of(values)
                 else:  # the same on every parameter (Adam's step count)
                     state[key] = copy.deepcopy(sample)
             for chunk, at in zip(group.chunks, range(0, group.layout.shard, CHUNK), strict=True):
                 inner.state[chunk] = {
-                    k: v[at : at + chunk.numel()].clone()
+                    k: v[at : at + chunk.numel()]  # views of the slice: no second copy
                     if torch.is_tensor(v) and v.shape == group.shard.shape and k != "step"
                     else copy.deepcopy(v)
                     for k, v in state.items()
                 }
 
     def state_dict(self) -> dict[str, Any]:
-        """Collective (every rank calls it): the state a plain optimizer of this class would
-        have, in torch's format. Independent of the world size. Right after
-        ``load_state_dict`` (no step since) it is the state loaded, and gathers nothing: a
-        worker joining an elastic job commits it while the others are not gathering."""
+        """Collective (every rank calls it): on rank 0, the state a plain optimizer of this
+        class would have, in torch's format, in host memory, gathered one tensor at a time;
+        independent of the world size. The other ranks get the param groups and the step
+        counts, marked (:data:`ON_RANK_0`): a checkpoint is written on rank 0, and no GPU
+        ever holds the whole state. Right after ``load_state_dict`` (no step since) it is the
+        state loaded, and gathers nothing."""
         if self._hvdkit_loaded is not None:
             return self._hvdkit_loaded
-        full = self._hvdkit_full_state()
+        state = self._hvdkit_packed(self._hvdkit_full_state(root=0))
+        if hvd.rank() != 0:
+            state[ON_RANK_0] = True
+        return state
+
+    def _hvdkit_state_everywhere(self) -> dict[str, Any]:
+        """Collective: the whole state (as :meth:`state_dict` gives rank 0) on every rank, in
+        host memory: what an elastic commit keeps, since any rank may be the root after a
+        reset."""
+        if self._hvdkit_loaded is not None and ON_RANK_0 not in self._hvdkit_loaded:
+            return self._hvdkit_loaded
+        return self._hvdkit_packed(self._hvdkit_full_state())
+
+    def _hvdkit_packed(self, full: dict[torch.Tensor, dict[str, Any]]) -> dict[str, Any]:
         index: dict[int, int] = {}
         groups = []
         for group in self.param_groups:
@@ -663,8 +716,16 @@ class _Sharded:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A plain (or gathered) optimizer state: the groups' hyperparameters, and this
         rank's slice of the per-parameter state. Every rank must be given the same one."""
+        if state_dict.get(ON_RANK_0):
+            raise ValueError(
+                "hvdkit: shard_optimizer=True: this state_dict() came from a rank other than "
+                "0, which holds no gathered state (rank 0 does: a sharded optimizer gathers "
+                "its state there only). Fix: load the state rank 0 saved, on every rank, or "
+                "let hvdkit's session save and resume it"
+            )
         plain = _Plain(self.param_groups)
-        load_optimizer_state_(plain, state_dict)  # type: ignore[arg-type]
+        # Where the state is (the host, for a checkpoint): each rank moves its slice only.
+        load_optimizer_state_(plain, state_dict, to_device=False)  # type: ignore[arg-type]
         self._hvdkit_loaded = state_dict
         self._synchronized = False  # a step cut short (an elastic reset) is not taken up
         self._hvdkit_inner = None  # rebuilt for the current world, then given the slice
@@ -709,6 +770,12 @@ def _stepped(state: dict[str, Any]) -> bool:
     makes its sums, at step 0, when it is built)."""
     step = state.get("step")
     return bool(state) and (step is None or float(step) != 0)
+
+
+def state_everywhere(optimizer: Any) -> dict[str, Any]:
+    """Collective: a sharded optimizer's whole state on every rank, in host memory (what an
+    elastic commit keeps: any rank may be the root after a reset)."""
+    return optimizer._hvdkit_state_everywhere()
 
 
 def declare_elementwise(cls: type) -> None:
