@@ -16,9 +16,10 @@ of ``S`` bytes over ``N`` ranks then costs ``alpha`` per message step on its cri
   (``ceil(log2 N)`` rounds of ``S``), the algorithms MPI libraries typically pick for these.
 
 ZeRO stage 1 (``hvdkit.torch.zero``) replaces the allreduce by a ``reduce_scatter`` of the
-gradients and an ``allgather`` of the updated parameters: each ``N-1`` steps of ``S/N`` bytes,
-together exactly the ring's steps and bytes (:func:`sharded_step`). What it changes is memory
-(:func:`bytes_per_param`, :func:`largest_model`).
+gradients and an ``allgather`` of the updated parameters (each rank broadcasts its slice in
+place, which moves what an allgather moves): each ``N-1`` steps of ``S/N`` bytes, together
+exactly the ring's steps and bytes (:func:`sharded_step`). What it changes is memory
+(:func:`bytes_per_param`, :func:`rank_memory`, :func:`largest_model`).
 
 The reduction arithmetic (the "gamma" term) is left out: the model counts messages and bytes.
 Pure Python on numbers, so it is tested on its own.

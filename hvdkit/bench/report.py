@@ -480,7 +480,8 @@ def table(summary: dict) -> str:
             lines.append(f"  {'ranks':>6}" + "".join(f"{k:>20}" for k in kinds))
             for n, row in mem["predicted_ms"].items():
                 lines.append(f"  {n:>6}" + "".join(f"{row[k]:>20.1f}" for k in kinds))
-        lines.append("  largest model with Adam, billions of params (weights, grads, state):")
+        lines.append("  largest model with Adam, billions of params (weights, grads, state; the "
+                     "buffers set aside):")  # fmt: skip
         cols = list(next(iter(mem["largest_model_b"].values())))
         lines.append(f"  {'memory':>8}" + "".join(f"{c:>20}" for c in cols))
         for gib, row in mem["largest_model_b"].items():

@@ -560,7 +560,7 @@ class _Sharded:
 
     def step(self, closure: Any = None) -> Any:
         """Reduce-scatter (unless ``synchronize()`` did), update this rank's slice with the
-        groups' current hyperparameters, all-gather the slices into the parameters."""
+        groups' current hyperparameters, broadcast each rank's slice into the parameters."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
