@@ -79,11 +79,11 @@ test: setup engines docs-deps
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# What CI leaves out for time (docs/development.md, "Tests and CI"): the whole compatibility
-# matrix and the tests marked `extra`, after everything CI runs.
+# What CI leaves out for time (docs/development.md, "Tests and CI"): the tests marked `extra`,
+# after everything CI runs. The two checks longer than that have their own targets:
+# `make image-gpu` (the GPU image, ~25 min cold) and `make matrix` (fresh environments).
 test-all: setup engines docs-deps
-	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory matrix
+	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -m "not gpu_image" $(PYTEST_ARGS)
 
 # A campaign of generated scenarios (issue 49): FUZZ_CASES cases of each generator (the torch
 # session's, and Session.fit's on each Keras backend; and FUZZ_ELASTIC torch cases with an
@@ -119,7 +119,7 @@ profile-under-load: setup
 # The GPU image (docker/Dockerfile.gpu) built here with podman or Docker and checked without
 # a GPU; left out of CI for time (docs/guides/docker.md).
 image-gpu: setup
-	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -s tests/test_docker_image.py -k gpu_image $(PYTEST_ARGS)
+	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -s tests/test_docker_image.py -m gpu_image $(PYTEST_ARGS)
 
 # The GPU checks (tests/gpu_checks.py) on a machine with an NVIDIA GPU, in the environment
 # whose CUDA torch you train with (GPU_PYTHON): builds Horovod with NCCL, then without, and

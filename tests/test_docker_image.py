@@ -319,7 +319,8 @@ def test_pytorch_only_image_is_smaller_and_trains_like_one_process(image, torch_
     assert small < 0.6 * full
 
 
-@pytest.mark.extra  # `make image-gpu`: 2.7 GB of CUDA wheels and a NCCL compile, ~25 min cold
+@pytest.mark.extra
+@pytest.mark.gpu_image  # `make image-gpu`: 2.7 GB of CUDA wheels and a NCCL compile, ~25 min cold
 def test_gpu_image_builds_without_a_gpu_and_says_what_it_skipped(gpu_image):
     """docker/Dockerfile.gpu on this machine (no GPU, no registry): the Debian-made base plus
     pip's CUDA wheels. Its gate ran doctor as it was built; here doctor reports the NCCL build
