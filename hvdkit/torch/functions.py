@@ -93,6 +93,24 @@ def _state_skeleton(state: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any
     }
 
 
+def _from_skeleton(
+    skeleton: dict[int, dict[str, Any]], tensor_for: Any
+) -> tuple[dict[int, dict[str, Any]], list[tuple[str, torch.Tensor]]]:
+    """The state a :func:`_state_skeleton` describes: its values as they are, each tensor
+    ``tensor_for(pid, key, shape, dtype, on_cpu)``; and those tensors, named, in order."""
+    state: dict[int, dict[str, Any]] = {}
+    named: list[tuple[str, torch.Tensor]] = []
+    for pid, entries in skeleton.items():
+        state[pid] = {}
+        for key, (kind, *rest) in entries.items():
+            if kind == "value":
+                state[pid][key] = rest[0]
+                continue
+            state[pid][key] = tensor_for(pid, key, *rest)
+            named.append((f"{pid}.{key}", state[pid][key]))
+    return state, named
+
+
 def broadcast_optimizer_state(
     optimizer: torch.optim.Optimizer, root_rank: int = 0, model: torch.nn.Module | None = None
 ) -> None:
@@ -140,23 +158,15 @@ def broadcast_optimizer_state(
         pid: p.device
         for pid, p in enumerate(p for group in optimizer.param_groups for p in group["params"])
     }
-    state: dict[int, dict[str, Any]] = {}
-    named: list[tuple[str, torch.Tensor]] = []
-    for pid, entries in skeleton["state"].items():
-        state[pid] = {}
-        for key, (kind, *rest) in entries.items():
-            if kind == "value":
-                state[pid][key] = rest[0]
-                continue
-            shape, dtype, on_cpu = rest
-            if hvd.rank() == root_rank:
-                tensor = sd["state"][pid][key]
-            else:
-                # Adam's "step" lives on the CPU even for CUDA parameters.
-                device = torch.device("cpu") if on_cpu else device_of[pid]
-                tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-            state[pid][key] = tensor
-            named.append((f"{pid}.{key}", tensor))
+
+    def tensor_for(pid: int, key: str, shape: tuple, dtype: str, on_cpu: bool) -> torch.Tensor:
+        if hvd.rank() == root_rank:
+            return sd["state"][pid][key]
+        # Adam's "step" lives on the CPU even for CUDA parameters.
+        device = torch.device("cpu") if on_cpu else device_of[pid]
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+
+    state, named = _from_skeleton(skeleton["state"], tensor_for)
     broadcast_tensors_(named, root_rank, "hvdkit.optim")
     if hvd.rank() != root_rank:
         load_optimizer_state_(optimizer, {"param_groups": skeleton["param_groups"], "state": state})
@@ -184,23 +194,18 @@ def broadcast_state_dict(
     )
     if skeleton is None:
         return None
-    state: dict[int, dict[str, Any]] = {}
-    for pid, entries in skeleton["state"].items():
-        state[pid] = {}
-        for key, (kind, *rest) in entries.items():
-            if kind == "value":
-                state[pid][key] = rest[0]
-                continue
-            shape, dtype, _ = rest
-            if mine:
-                assert state_dict is not None
-                tensor = state_dict["state"][pid][key].detach().to("cpu").contiguous()
-            else:
-                tensor = torch.empty(shape, dtype=getattr(torch, dtype))
-            flat = tensor.view(-1)
-            for at in range(0, flat.numel(), PIECE):
-                hvd.broadcast_(flat[at : at + PIECE], root_rank, name=f"{name}.{pid}.{key}.{at}")
-            state[pid][key] = tensor
+
+    def tensor_for(pid: int, key: str, shape: tuple, dtype: str, _on_cpu: bool) -> torch.Tensor:
+        if mine:
+            assert state_dict is not None
+            return state_dict["state"][pid][key].detach().to("cpu").contiguous()
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+
+    state, named = _from_skeleton(skeleton["state"], tensor_for)
+    for label, tensor in named:  # one at a time, in pieces MPI can count
+        flat = tensor.view(-1)
+        for at in range(0, flat.numel(), PIECE):
+            hvd.broadcast_(flat[at : at + PIECE], root_rank, name=f"{name}.{label}.{at}")
     return {**skeleton, "state": state}
 
 
