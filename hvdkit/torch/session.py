@@ -228,8 +228,14 @@ class Session:
     def _end_pass(self) -> None:
         if self._in_epochs:
             self.position.samples = 0  # epochs() ends the epoch
-        else:
-            self.position.end_epoch()  # a plain loop: the next pass is the next epoch
+            return
+        self.position.end_epoch()  # a plain loop: the next pass is the next epoch
+        if self._elastic is not None:
+            # Committed here, as epochs() commits at each epoch end: a reset in the next
+            # pass must not go back into this epoch, which the script's own loop (a
+            # `for epoch in range(n)`) has left and cannot run again; the ranks would then
+            # count their epochs differently (found by the scenario generator).
+            self._elastic.commit()
 
     def _stop_if_preempted(self) -> None:
         """After each step: whether the ranks agree that a SIGTERM/SIGUSR1 arrived on any of
