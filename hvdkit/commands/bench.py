@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="world sizes to run (default 1,2)")  # fmt: skip
     options.add_hostfile(parser, "place ranks on these hosts")
     parser.add_argument("--only", type=_list, metavar="SECTIONS",
-                        help="some of: allreduce,training,keras,pipeline,profile")  # fmt: skip
+                        help="some of: allreduce,training,keras,pipeline,profile,"
+                        "memory")  # fmt: skip
     parser.add_argument("--controllers", type=_list, metavar="C,C",
                         help="for allreduce (default: every one available); the first also "
                              "runs the training and Keras jobs (default: hvdkit run's choice, "
