@@ -266,8 +266,9 @@ class _Group:
 
     def send(self, bucket: int) -> None:
         """Start ``bucket``'s reduce-scatter: this rank receives every rank's copy of its
-        piece of the bucket. With two buckets in flight already, the oldest is reduced first,
-        so that the received pieces never take more than two outputs' memory."""
+        piece of the bucket. What has arrived is summed first; then, while the outputs in
+        flight would pass :data:`IN_FLIGHT` buckets' worth, the oldest is waited for, so the
+        received pieces never take more than that."""
         lo, hi = self.buckets[bucket]
         splits = self.layout.splits(lo, hi)
         need = splits[self.rank] * self.layout.size
