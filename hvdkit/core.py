@@ -80,7 +80,8 @@ class SetupConfig:
     session survive lost and added workers (``hvdkit run --min-np``), committing its state in
     memory every ``commit_every`` optimizer steps and at each epoch end.
     ``shard_optimizer=True`` (torch only): ZeRO stage 1, each rank
-    keeps the optimizer state of its slice of the parameters (:mod:`hvdkit.torch.zero`).
+    keeps the optimizer state of its slice of the parameters (:mod:`hvdkit.torch.zero`);
+    ``shard_optimizer="gradients"``: stage 2, the gradients too.
     """
 
     lr_scaling: LrScaling = "size"
@@ -95,9 +96,14 @@ class SetupConfig:
     root_rank: int = 0
     elastic: bool = False
     commit_every: int = 10
-    shard_optimizer: bool = False
+    shard_optimizer: bool | Literal["gradients"] = False
 
     def __post_init__(self) -> None:
+        if self.shard_optimizer not in (False, True, "gradients"):
+            raise ValueError(
+                f"shard_optimizer={self.shard_optimizer!r}: use False, True (ZeRO stage 1: "
+                "the optimizer state) or 'gradients' (stage 2: the gradients too)"
+            )
         if self.lr_scaling not in LR_POLICIES:
             raise ValueError(f"lr_scaling={self.lr_scaling!r}: use one of {LR_POLICIES}")
         if self.op not in OPS:
@@ -152,7 +158,7 @@ class SetupOptions(TypedDict, total=False):
     root_rank: int
     elastic: bool
     commit_every: int
-    shard_optimizer: bool
+    shard_optimizer: bool | Literal["gradients"]
 
 
 def start(init: Callable[[], Topology], pin_device: Callable[[Topology], None]) -> Topology:

@@ -60,8 +60,9 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
     assert set(summary["memory"]["predicted_ms"]) == {"8", "16", "32", "64", "128", "256", "512"}
     # 2 models x (hvdkit/horovod at np=1 and 2, DDP, bound), 3 Keras backends and the TF
     # custom loop at np=1 and 2, 1 bandwidth, --profile's cost, ZeRO-1's speed at np=2 and its
-    # state and peak saving at np=2 and 4; and the adapter against the plain loop on a GPU
-    assert len(summary["targets"]) == 23 + doc["config"]["gpu"]
+    # state and peak saving at np=2 and 4, ZeRO-2's peak saving at np=2 and 4; and the adapter
+    # against the plain loop on a GPU
+    assert len(summary["targets"]) == 25 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
                     "Keras custom loop, DistributedGradientTape, backend tensorflow",
                     "Input pipeline", "hvdkit run --profile: throughput", "Memory, Adam",

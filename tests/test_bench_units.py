@@ -81,7 +81,8 @@ def test_plan_covers_every_section_and_world_size():
     labels = [j.label for j in jobs]
     assert labels[0] == "input pipeline"
     memory = [(j.args[1], j.np) for j in jobs if j.section == "memory"]
-    assert memory == [(v, n) for n in (1, 2, 4) for v in ("plain", "sharded")] + [
+    assert memory == [("plain", 1), ("sharded", 1)] + [
+        (v, n) for n in (2, 4) for v in ("plain", "sharded", "gradients")] + [
         ("speed", 1), ("speed", 2)]  # fmt: skip
     assert "allreduce np=2 gloo" in labels and "allreduce np=2 mpi" in labels
     assert "allreduce np=1 gloo" not in labels  # busbw is zero at one rank
@@ -235,6 +236,9 @@ def _memory_records() -> list[dict]:
         rec("plain", 2, **sizes(8000, 24_000)),  # the model: 16000 + 4000 fusion + 4000
         # 8000 + 4000 + 500 kept + max(1000 in flight, 500 passing)
         rec("sharded", 2, **sizes(4000, 14_850)),
+        # stage 2: 4000 + 2000 grads + 4000 + 500 + max(1000 x 1.5 + 400 largest, 500)
+        rec("gradients", 2, **{**sizes(4000, 12_000), "grads_bytes": 2000,
+                               "largest_param_bytes": 400}),
         rec("speed", 2, step_s={"plain": 0.01, "sharded": 0.0125}, ratio=0.8, rounds=3,
             link={"alpha": 1e-4, "beta": 1e-9}),
     ]  # fmt: skip
@@ -265,6 +269,10 @@ def test_the_memory_section_judges_zero_1_and_predicts_it(tmp_path):
     assert plain["total"] == 24_000
     assert (sharded["state"], sharded["buffers"], sharded["total"]) == (4000, 1000, 13_500)
     assert m["by_np"]["2"]["peak_saving"] == pytest.approx(9150 / 4000)
+    stage2 = m["by_np"]["2"]["gradients"]["model"]
+    assert (stage2["grads"], stage2["buffers"], stage2["total"]) == (2000, 1900, 12_400)
+    assert m["by_np"]["2"]["stage2_peak_saving"] == pytest.approx(12_000 / 6000)
+    assert met["ZeRO-2 peak saving / (N-1)/N of the state and gradients, np=2"][1] is True
     assert met["ZeRO-1 peak saving / (N-1)/N of the state, np=2"] == (pytest.approx(2.2875), True)
     text = report.table(s)
     for needle in (
@@ -278,6 +286,7 @@ def test_the_memory_section_judges_zero_1_and_predicts_it(tmp_path):
         "measured / model 1.00",
         "measured / model 1.10",
         "np=2 peak saving / (N-1)/N of plain's state: 2.29",
+                   "np=2 gradients weights", "np=2 stage 2's peak saving",
     ):
         assert needle in text, needle
     written = write_plots(s, tmp_path)

@@ -35,6 +35,18 @@ def test_sharded_optimizers_train_like_one_plain_process(tmp_path, optimizer):
     assert_like_the_oracle(out, tmp_path / "log", oracle)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_stage_2_trains_like_one_plain_process(tmp_path, optimizer):
+    """ZeRO stage 2 (``shard_optimizer="gradients"``: each gradient let go once its buckets
+    hold it), with accumulation over 2 passes, a scheduler, LR warmup and AMP's clipping,
+    against the same oracle as stage 1."""
+    args = ["--optimizer", optimizer, "--shard-optimizer", "gradients", "--accumulate", "2",
+            "--scheduler", "--warmup-steps", "3", "--bucket", "40"]  # fmt: skip
+    out = job(2, tmp_path / "log", *args)
+    oracle = seams.Job(optimizer=optimizer, accumulate=2, scheduler=True, warmup_steps=3)
+    assert_like_the_oracle(out, tmp_path / "log", oracle)
+
+
 def test_bf16_autocast_with_clipping_over_the_slices(tmp_path):
     """The gradient norm is the whole gradient's, summed over the ranks' slices."""
     out = job(2, tmp_path / "log", "--optimizer", "adam", "--shard-optimizer", "--amp")

@@ -97,8 +97,22 @@ def test_the_cost_model_of_zero_stage_1():
     assert (sharded.state, sharded.buffers) == (2000, 64)
     # ZeRO's pieces in flight are freed before the optimizer's temporaries exist
     assert sharded.total == 4000 + 4000 + 2000 + 64
+    # Stage 2: the gradients are the slice's; its buffers add the inputs in flight (1/N of the
+    # outputs) and the largest gradient autograd makes before it is copied
+    stage2 = costmodel.rank_memory(1000, "fp32", 4, True, zero_buffers=64, gradients=True,
+                                   largest_param=40)  # fmt: skip
+    assert (stage2.grads, stage2.state, stage2.buffers) == (1000, 2000, 64 * 1.25 + 40)
+    assert costmodel.bytes_per_param("fp32", 8, sharded=True, gradients=True) == 5.5
     one = costmodel.rank_memory(1000, "fp32", 1, True, zero_buffers=64)
     assert (one.state, one.buffers, one.total) == (8000, 0, 16000)
+
+
+def test_shard_optimizer_takes_true_or_gradients_and_names_them_otherwise():
+    from hvdkit.core import SetupConfig
+
+    assert SetupConfig(shard_optimizer="gradients").shard_optimizer == "gradients"
+    with pytest.raises(ValueError, match=r"shard_optimizer='grads': use False, True .*'gradients'"):
+        SetupConfig(shard_optimizer="grads")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -146,12 +146,17 @@ FUSION_THRESHOLD = 128 * 2**20
 allreduce copies the gradients into it, so up to that many bytes of it are touched."""
 
 
-def bytes_per_param(precision: str, ranks: int = 1, sharded: bool = False) -> float:
+def bytes_per_param(
+    precision: str, ranks: int = 1, sharded: bool = False, gradients: bool = False
+) -> float:
     """Bytes one parameter costs each rank with Adam, as hvdkit lays them out: weights and
     gradients whole; ZeRO-1 (:mod:`hvdkit.torch.zero`) divides the optimizer state by
-    ``ranks`` (the reduced gradient of the rank's slice is written over its own, no extra).
-    Activations and fixed-size buffers are not per parameter (:func:`rank_memory`)."""
+    ``ranks`` (the reduced gradient of the rank's slice is written over its own, no extra);
+    ZeRO-2 (``gradients``) the gradients too. Activations and fixed-size buffers are not per
+    parameter (:func:`rank_memory`)."""
     weights, grads, state = PRECISIONS[precision]
+    if sharded and gradients:
+        return weights + (grads + state) / ranks
     return weights + grads + (state / ranks if sharded else state)
 
 
@@ -193,14 +198,24 @@ def rank_memory(
     resident: float = 0.0,
     transient: float = 0.0,
     fusion_threshold: float = FUSION_THRESHOLD,
+    gradients: bool = False,
+    largest_param: float = 0.0,
 ) -> RankMemory:
     """The bytes of :class:`RankMemory` for a model of ``params`` parameters with Adam.
     ``zero_buffers``: ZeRO's bound on what its reduce-scatters receive in flight
     (:func:`hvdkit.torch.zero.in_flight_bytes`). A plain run's fusion buffer is counted as
     Horovod can touch it, up to the gradients' size or ``fusion_threshold`` (it touches what
-    its largest fused response held: less in a short run). Neither exists at one rank."""
+    its largest fused response held: less in a short run). Neither exists at one rank.
+
+    ``gradients`` (ZeRO stage 2, sharded): the gradients are the reduced slice's, 1/N; the
+    buffers add the buckets' own inputs in flight (1/N of the outputs) and the gradient
+    autograd makes of the ``largest_param`` (bytes) before it is copied into its buckets."""
     weights, grads, state = (b * params for b in PRECISIONS[precision])
     many = ranks > 1
+    if sharded and gradients and many:
+        buffers = zero_buffers * (1 + 1 / ranks) + largest_param
+        return RankMemory(weights, grads / ranks, state / ranks, buffers, resident, transient,
+                          True)  # fmt: skip
     if sharded:
         buffers = min(zero_buffers, grads) if many else 0.0
         return RankMemory(weights, grads, state / ranks, buffers, resident, transient, True)
@@ -209,8 +224,14 @@ def rank_memory(
 
 
 def largest_model(
-    memory_bytes: float, precision: str, ranks: int, sharded: bool, fixed_bytes: float = 0.0
+    memory_bytes: float,
+    precision: str,
+    ranks: int,
+    sharded: bool,
+    fixed_bytes: float = 0.0,
+    gradients: bool = False,
 ) -> float:
     """Parameters that fit in ``memory_bytes`` per rank (weights, gradients, Adam's state)
     once ``fixed_bytes`` (buffers, activations) are set aside."""
-    return max(0.0, memory_bytes - fixed_bytes) / bytes_per_param(precision, ranks, sharded)
+    per = bytes_per_param(precision, ranks, sharded, gradients)
+    return max(0.0, memory_bytes - fixed_bytes) / per

@@ -3,7 +3,8 @@
 A multi-layer perceptron with Adam, its optimizer plain (Horovod's ``DistributedOptimizer``
 through hvdkit.torch) or sharded (ZeRO stage 1, :mod:`hvdkit.torch.zero`):
 
-- ``--variant plain|sharded``: one variant per process, so that its peak resident memory is
+- ``--variant plain|sharded|gradients``: one variant per process (``gradients``: ZeRO
+  stage 2, ``shard_optimizer="gradients"``), so that its peak resident memory is
   its own. Reports each rank's bytes of weights, gradients and optimizer state (counted from
   the tensors), the resident memory's growth over the first three steps, its peak (and the
   peak above what the process held before the model), the CUDA peak on a GPU, and the median
@@ -42,9 +43,19 @@ def _state_bytes(optimizer: Any) -> int:
     )
 
 
+def _grads_bytes(model: Any, optimizer: Any) -> int:
+    """The gradients a rank holds between steps: every parameter's, or under ZeRO stage 2
+    the reduced gradient of its slice only."""
+    groups = getattr(optimizer, "_hvdkit_groups", [])
+    if groups and all(g.stage2 for g in groups):
+        return sum(g.slice_grad.numel() * g.slice_grad.element_size() for g in groups)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variant", choices=("plain", "sharded", "speed"), required=True)
+    parser.add_argument("--variant", choices=("plain", "sharded", "gradients", "speed"),
+                        required=True)  # fmt: skip
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -69,13 +80,13 @@ def main(argv: list[str] | None = None) -> None:
     start_rss = _rss()  # before any model: what the variant adds is measured from here
     device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else None
 
-    def build(sharded: bool) -> tuple[torch.nn.Module, Any]:
+    def build(sharded: bool, gradients: bool = False) -> tuple[torch.nn.Module, Any]:
         torch.manual_seed(0)
         layers = [torch.nn.Linear(args.width, args.width) for _ in range(args.layers)]
         model = torch.nn.Sequential(*layers).to(device or "cpu")
         adam = torch.optim.Adam(model.parameters(), lr=1e-4)
         optimizer = (
-            ShardedOptimizer(adam)
+            ShardedOptimizer(adam, gradients=gradients)
             if sharded
             else hvd.DistributedOptimizer(adam, named_parameters=model.named_parameters())
         )
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         if hvd.size() > 1:
             result["link"] = _fit_link(hvd, torch, costmodel)
     else:
-        model, optimizer = build(args.variant == "sharded")
+        model, optimizer = build(args.variant != "plain", args.variant == "gradients")
         before = _rss()
         if device is not None:
             torch.cuda.reset_peak_memory_stats(device)
@@ -128,8 +139,9 @@ def main(argv: list[str] | None = None) -> None:
         step_s = statistics.median(timed(model, optimizer, args.steps) for _ in range(args.rounds))
         result.update(
             weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
-            grads_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+            grads_bytes=_grads_bytes(model, optimizer),
             state_bytes=_state_bytes(optimizer),
+            largest_param_bytes=max(p.numel() * p.element_size() for p in model.parameters()),
             rss_growth_bytes=grown,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             peak_growth_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start_rss,

@@ -152,7 +152,8 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
         # asked, and at twice the largest (the np=4 beside np=2); each on the exact
         # heap, so that a peak is the bytes live at once. Speed at the sizes asked.
         for np in sorted({1, *config.nps, 2 * max(config.nps)}):
-            for variant in ("plain", "sharded"):
+            # Stage 2 at one rank is stage 1 (nothing to free): from two ranks on.
+            for variant in ("plain", "sharded", *(("gradients",) if np > 1 else ())):
                 jobs.append(Job("memory", f"memory {variant} np={np}", "hvdkit.bench.memory",
                                 ("--variant", variant, *size), np, main_controller,
                                 {**threads, **EXACT_HEAP}, key={"variant": variant}))  # fmt: skip

@@ -220,6 +220,9 @@ def targets(summary: dict) -> list[dict]:
         if m.get("peak_saving") is not None and int(n) > 1:
             add(f"ZeRO-1 peak saving / (N-1)/N of the state, np={n}", "sharded_peak_saving",
                 m["peak_saving"])  # fmt: skip
+        if m.get("stage2_peak_saving") is not None:
+            add(f"ZeRO-2 peak saving / (N-1)/N of the state and gradients, np={n}",
+                "sharded_peak_saving", m["stage2_peak_saving"])  # fmt: skip
     if "profile" in summary:
         add(f"throughput with --profile / without, np={summary['profile']['ranks']}",
             "profile_on_vs_off", summary["profile"]["on_vs_off"])  # fmt: skip
@@ -281,7 +284,13 @@ def _memory(records: list[dict]) -> dict:
             (plain["peak_growth_bytes"] - sharded["peak_growth_bytes"]) / promised
             if plain and sharded and promised else None
         )  # fmt: skip
-        for variant in ("plain", "sharded"):
+        gradients = entry.get("gradients")
+        promised2 = promised + (plain["grads_bytes"] * (int(n) - 1) / int(n) if plain else 0)
+        entry["stage2_peak_saving"] = (
+            (plain["peak_growth_bytes"] - gradients["peak_growth_bytes"]) / promised2
+            if plain and gradients and promised2 and int(n) > 1 else None
+        )  # fmt: skip
+        for variant in ("plain", "sharded", "gradients"):
             modelled = memory_model(by_np, int(n), variant)
             if modelled is not None:
                 entry[variant]["model"] = {**asdict(modelled), "total": modelled.total}
@@ -301,21 +310,26 @@ def _memory(records: list[dict]) -> dict:
         }
     # The buffers set aside: Horovod's fusion buffer (plain), ZeRO's received pieces in flight.
     zero_buffers = max((r["result"].get("zero_buffers_bytes", 0) for r in records), default=0)
+    # Stage 2 also sets aside the largest gradient autograd makes before it is copied (not
+    # known here: the buffers alone).
+    kinds = (("plain", 8, False, False), ("zero-1", 8, True, False), ("zero-2", 8, True, True),
+             ("zero-1", 64, True, False))  # fmt: skip
     out["largest_model_b"] = {
         f"{gib} GiB": {
-            f"{precision} {'zero-1' if sharded else 'plain'} N={n}": round(
+            f"{precision} {name} N={n}": round(
                 costmodel.largest_model(
                     gib * 2**30,
                     precision,
                     n,
                     sharded,
                     zero_buffers if sharded else costmodel.FUSION_THRESHOLD,
+                    gradients,
                 )
                 / 1e9,
                 2,
             )  # fmt: skip
             for precision in costmodel.PRECISIONS
-            for n, sharded in ((8, False), (8, True), (64, True))
+            for name, n, sharded, gradients in kinds
         }
         for gib in GPU_MEMORY_GIB
     }
@@ -327,13 +341,16 @@ def memory_model(by_np: dict, ranks: int, variant: str) -> costmodel.RankMemory 
     buffers the implementation bounds, and what the same variant measured at one rank beyond
     its weights, gradients and state (kept between steps; and passing, peak minus kept).
     None without the one-rank run."""
-    one, this = by_np.get("1", {}).get(variant), by_np.get(str(ranks), {}).get(variant)
+    # Stage 2 is stage 1 at one rank (nothing to free): its one-rank run is the sharded one.
+    base = "sharded" if variant == "gradients" else variant
+    one, this = by_np.get("1", {}).get(base), by_np.get(str(ranks), {}).get(variant)
     if not one or not this or "steady_growth_bytes" not in one:
         return None
     counted = one["weights_bytes"] + one["grads_bytes"] + one["state_bytes"]
     return costmodel.rank_memory(
-        this["params"], "fp32", ranks, variant == "sharded",
-        zero_buffers=this["zero_buffers_bytes"],
+        this["params"], "fp32", ranks, variant != "plain",
+        zero_buffers=this["zero_buffers_bytes"], gradients=variant == "gradients",
+        largest_param=this.get("largest_param_bytes", 0),
         resident=max(0, one["steady_growth_bytes"] - counted),
         transient=max(0, one["peak_growth_bytes"] - max(one["steady_growth_bytes"], counted)),
         fusion_threshold=this["fusion_threshold_bytes"],
@@ -440,14 +457,14 @@ def table(summary: dict) -> str:
     mem = summary.get("memory")
     if mem:
         lines += ["", f"Memory, Adam on an MLP of {mem['params'] / 1e6:.1f} M params: per rank, "
-                  "MB (sharded = ZeRO-1)"]  # fmt: skip
+                  "MB (sharded = ZeRO-1, gradients = ZeRO-2)"]  # fmt: skip
         for n, e in mem["by_np"].items():
-            for v in ("plain", "sharded"):
+            for v in ("plain", "sharded", "gradients"):
                 if v in e:
                     r = e[v]
                     cuda = r.get("cuda_peak_bytes")
                     lines.append(
-                        f"  np={n} {v:<8} weights {r['weights_bytes'] / 1e6:7.1f}  grads "
+                        f"  np={n} {v:<9} weights {r['weights_bytes'] / 1e6:7.1f}  grads "
                         f"{r['grads_bytes'] / 1e6:7.1f}  optimizer {r['state_bytes'] / 1e6:7.1f}"
                         f"  peak RSS +{r['peak_growth_bytes'] / 1e6:7.1f}"
                         + (f"  CUDA peak {cuda / 1e6:7.1f}" if cuda else "")
@@ -461,12 +478,15 @@ def table(summary: dict) -> str:
                                       "transient")
                         )  # fmt: skip
                         lines.append(
-                            f"  {'':<13}model {m['total'] / 1e6:7.1f} ({parts}); "
+                            f"  {'':<14}model {m['total'] / 1e6:7.1f} ({parts}); "
                             f"measured / model {r['peak_growth_bytes'] / m['total']:.2f}"
                         )
             if e.get("peak_saving") is not None:
                 lines.append(f"  np={n} peak saving / (N-1)/N of plain's state: "
                              f"{e['peak_saving']:.2f}")  # fmt: skip
+            if e.get("stage2_peak_saving") is not None:
+                lines.append(f"  np={n} stage 2's peak saving / (N-1)/N of plain's state and "
+                             f"gradients: {e['stage2_peak_saving']:.2f}")  # fmt: skip
             if e.get("speed") is not None:
                 lines.append(f"  np={n} throughput sharded / plain, alternating rounds: "
                              f"{e['speed']:.3f}")  # fmt: skip

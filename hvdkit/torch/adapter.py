@@ -127,8 +127,9 @@ class TorchAdapter(Adapter):
         cfg = self.config
         if cfg.shard_optimizer:
             self.optimizer = zero.ShardedOptimizer(
-                self.optimizer, compression=_COMPRESSION[cfg.compression], op=_OPS[cfg.op]
-            )
+                self.optimizer, compression=_COMPRESSION[cfg.compression], op=_OPS[cfg.op],
+                gradients=cfg.shard_optimizer == "gradients",
+            )  # fmt: skip
             self.optimizer.backward_passes_per_step = cfg.backward_passes_per_step  # type: ignore[attr-defined]
         else:
             self.optimizer = DistributedOptimizer(

@@ -166,13 +166,21 @@ class _Group:
         rank: int,
         like: torch.Tensor,
         reuse: _Group | None = None,
+        gradients: bool = False,
     ) -> None:
         self.params = params
         self.layout = Layout(tuple(p.numel() for p in params), size)
         self.rank = rank
+        # Stage 2: no gradient buffer the size of the model. Each parameter's gradient is
+        # copied into its buckets once its last pass is in, and let go; a bucket's buffer
+        # lives until its reduce-scatter is summed into this rank's slice (its own buffer).
+        self.stage2 = gradients
+        self.filling: dict[int, torch.Tensor] = {}  # stage 2: the buckets being filled
         self.flat_param: torch.Tensor
         self.flat_grad: torch.Tensor
-        if reuse is not None and (reuse.layout, reuse.rank) == (self.layout, rank):
+        if reuse is not None and (reuse.layout, reuse.rank, reuse.stage2) == (
+            self.layout, rank, gradients
+        ):  # fmt: skip
             # The same parameters at the same world (a state loaded, an elastic reset that
             # kept the size): their buffers as they are. New ones would hold the weights and
             # gradients twice until the old were let go.
@@ -183,16 +191,17 @@ class _Group:
             # alike.
             first = params[0] if params else like
             self.flat_param = torch.zeros(self.layout.total, dtype=first.dtype, device=first.device)
-            self.flat_grad = torch.zeros_like(self.flat_param)
+            self.flat_grad = self.flat_param.new_zeros(0 if gradients else self.layout.total)
         self._adopt_params()
         for i, p in enumerate(params):
-            if p.requires_grad:
+            if p.requires_grad and not gradients:
                 # Now, not at the next pass: zero_grad() zeroes this buffer, and a gradient
                 # left in an older one (a step cut short by an elastic reset) must not be
                 # added to the next pass's.
                 self._take_grad(i)
         start, end = self.layout.owned(rank)
         self.shard = self.flat_param[start:end]
+        self.slice_grad = self.shard.new_zeros(self.layout.shard if gradients else 0)
         # The inner optimizer's parameters: the shard in pieces of at most CHUNK elements.
         # Its temporaries then stay below glibc's largest reused block (32 MiB): one 67 MB
         # tensor took Adam twice the time, every temporary a fresh mmap and page faults.
@@ -222,8 +231,12 @@ class _Group:
         ``passes()`` times (the last backward pass of a step); what arrives is reduced with
         ``op`` (Average or Sum), travelling as ``compression`` makes it."""
         self._compression, self._average, self._name = compression, op == hvd.Average, name
+        self._passes = passes
 
         def ready(i: int) -> None:
+            if self.stage2:
+                self._ready_stage2(i, passes())
+                return
             self._take_grad(i)
             self.counts[i] += 1
             for bucket in self.bucket_of[i]:
@@ -246,6 +259,44 @@ class _Group:
             if p.requires_grad:
                 hook = p.register_post_accumulate_grad_hook(lambda _p, i=i: ready(i))
                 self.hooks.append(hook)
+
+    def _ready_stage2(self, i: int, passes: int) -> None:
+        """Stage 2: once ``params[i]`` has its last pass's gradient, its pieces go into its
+        buckets' buffers and ``p.grad`` is let go; each bucket is sent once it is full."""
+        self.counts[i] += 1
+        if self.counts[i] < passes:
+            return  # accumulating in p.grad, as a plain optimizer does
+        sent = [b for b in self.bucket_of[i] if b in self.sent]
+        if sent:
+            raise RuntimeError(
+                f"hvdkit: shard_optimizer='gradients': parameter {i} of a param group had its "
+                "gradient accumulated again after its bucket was sent and its gradient let go "
+                f"(more backward passes than backward_passes_per_step={passes}, or a "
+                "parameter accumulated twice in one pass, as under "
+                "torch.utils.checkpoint(use_reentrant=True)). Fix: pass setup() the number of "
+                "backward passes a step takes (backward_passes_per_step=), or checkpoint with "
+                "use_reentrant=False"
+            )
+        self._into_buckets(i)
+        for bucket in self.bucket_of[i]:
+            if all(self.counts[j] >= passes for j in self.members[bucket]):
+                self.send(bucket)
+
+    def _into_buckets(self, i: int) -> None:
+        """Stage 2: ``params[i]``'s gradient (None: zeros) into its buckets' buffers, and
+        ``p.grad`` let go."""
+        p, offset, n = self.params[i], self.layout.offsets[i], self.layout.numels[i]
+        grad = p.grad
+        for bucket in self.bucket_of[i]:
+            lo, hi = self.buckets[bucket]
+            if bucket not in self.filling:
+                self.filling[bucket] = self.flat_param.new_zeros(hi - lo)
+            a, b = max(lo, offset), min(hi, offset + n)
+            if grad is not None and a < b:
+                self.filling[bucket][a - lo : b - lo] = grad.detach().reshape(-1)[
+                    a - offset : b - offset
+                ]
+        p.grad = None
 
     def unwatch(self) -> None:
         for hook in self.hooks:
@@ -276,7 +327,14 @@ class _Group:
             self._finish(older)  # arrived already: summed now, its output freed
         while self.pending and self.received + need > IN_FLIGHT * BUCKET:
             self._finish(next(iter(self.pending)))
-        wire = to_wire(self.flat_grad[lo:hi], self._compression)
+        if self.stage2:
+            source = self.filling.pop(bucket, None)
+            if source is None:
+                source = self.flat_param.new_zeros(hi - lo)
+        else:
+            source = self.flat_grad[lo:hi]
+        # Horovod holds the input (and output) of a collective in flight until it is done.
+        wire = to_wire(source, self._compression)
         output = wire.new_empty(need)
         self.received += need
         handle = mpi_ops._alltoall_async(
@@ -298,17 +356,26 @@ class _Group:
         mine_lo, mine_hi = self.layout.owned(self.rank)
         lo, hi = max(lo, mine_lo), min(hi, mine_hi)
         if lo < hi:
-            self.flat_grad[lo:hi] = reduce_received(
+            total = reduce_received(
                 received, self.layout.size, self._average, self._compression,
-                self.flat_grad.dtype,
+                self.shard.dtype,
             )  # fmt: skip
-            self.summed.add(bucket)
+            if self.stage2:
+                self.slice_grad[lo - mine_lo : hi - mine_lo] = total
+            else:
+                self.flat_grad[lo:hi] = total
+                self.summed.add(bucket)
 
     def reduce(self) -> torch.Tensor:
         """This rank's slice of the gradients reduced over the ranks: the buckets not sent
         during the backward pass (or written to since) are sent now, and each rank's pieces
         of the slice are summed as they arrive."""
-        self.flat_grads()
+        if self.stage2:
+            for i in range(len(self.params)):
+                if self.counts[i] < self._passes():  # not in by the hooks: unused, no grad
+                    self._into_buckets(i)
+        else:
+            self.flat_grads()
         for bucket in sorted(self.late):  # none summed: that raised at the accumulation
             if bucket in self.pending:
                 handle, output = self.pending.pop(bucket)
@@ -324,7 +391,7 @@ class _Group:
         self.summed.clear()
         self.late.clear()
         self.counts = [0] * len(self.params)
-        return self.mine(self.flat_grad)
+        return self.slice_grad if self.stage2 else self.mine(self.flat_grad)
 
     def set_grad(self, grad: torch.Tensor | None) -> None:
         self.grad = grad
@@ -457,6 +524,7 @@ class _Sharded:
     _hvdkit_signature: tuple[tuple[int, ...], ...]
     _hvdkit_compression: Any
     _hvdkit_op: Any
+    _hvdkit_stage2: bool  # ZeRO stage 2: gradients sharded too
     _synchronized: bool
     _should_synchronize: bool
     backward_passes_per_step: int  # the session's: the last pass of a step sends the buckets
@@ -515,7 +583,10 @@ class _Sharded:
         for index, g in enumerate(self.param_groups):
             for cohort in _cohorts([p for p in g["params"] if p.requires_grad], carried):
                 reuse = reusable.get(tuple(id(p) for p in cohort))
-                self._hvdkit_groups.append(_Group(cohort, *world, like=like, reuse=reuse))
+                stage2 = self._hvdkit_stage2 and world[0] > 1  # one rank: nothing to free
+                self._hvdkit_groups.append(
+                    _Group(cohort, *world, like=like, reuse=reuse, gradients=stage2)
+                )
                 self._hvdkit_owners.append(index)
         if world[0] > 1:
             for i, group in enumerate(self._hvdkit_groups):
@@ -589,6 +660,9 @@ class _Sharded:
             return
         for group in self._hvdkit_groups:
             group.flat_grad.zero_()
+            if group.stage2:  # its gradients live in p.grad until their buckets take them
+                for p in group.params:
+                    p.grad = None
 
     def unscale_grads_(self, scale: float) -> bool:
         """After ``synchronize()``, an AMP loss scale's: whether any rank's slice of the
@@ -794,11 +868,14 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     optimizer: torch.optim.Optimizer,
     compression: Any = hvd.Compression.none,
     op: Any = hvd.Average,
+    gradients: bool = False,
 ) -> torch.optim.Optimizer:
     """``optimizer`` (any ``torch.optim.Optimizer``, not yet stepped) with its state sharded
-    across the ranks, ZeRO stage 1 (see the module's text). It is still an instance of the
-    optimizer's class, with the same param-group dicts, so an LR scheduler built on it goes
-    on working; ``synchronize()``/``skip_synchronize()`` are Horovod's."""
+    across the ranks, ZeRO stage 1 (see the module's text); with ``gradients=True`` stage 2:
+    the gradients too, each parameter's let go once its buckets hold it, so a rank keeps the
+    reduced gradient of its slice only. It is still an instance of the optimizer's class,
+    with the same param-group dicts, so an LR scheduler built on it goes on working;
+    ``synchronize()``/``skip_synchronize()`` are Horovod's."""
     if not isinstance(optimizer, _ELEMENTWISE):
         name = type(optimizer).__qualname__
         raise ValueError(
@@ -841,6 +918,7 @@ def ShardedOptimizer(  # noqa: N802 - a class built at run time, as DistributedO
     sharded._hvdkit_signature = ()
     sharded._hvdkit_compression = compression
     sharded._hvdkit_op = op
+    sharded._hvdkit_stage2 = bool(gradients)
     sharded._synchronized = False
     sharded._should_synchronize = True
     sharded._handles = {}

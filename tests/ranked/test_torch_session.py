@@ -154,7 +154,7 @@ def test_zero_with_buckets_summed_during_the_pass_equals_plain_and_refuses_a_pas
     monkeypatch.setattr(zero, "BUCKET", 16)
     monkeypatch.setattr(zero, "IN_FLIGHT", 1)
 
-    def trained(shard: bool) -> list[torch.Tensor]:
+    def trained(shard: bool | str) -> list[torch.Tensor]:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
         opt = torch.optim.Adam(model.parameters(), lr=0.05)
@@ -166,14 +166,17 @@ def test_zero_with_buckets_summed_during_the_pass_equals_plain_and_refuses_a_pas
             session.optimizer.step()
         return [p.detach().clone() for p in model.parameters()]
 
-    for a, b in zip(trained(True), trained(False), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    plain = trained(False)
+    for stage in (True, "gradients"):  # stage 1, and stage 2 (each gradient let go once sent)
+        for a, b in zip(trained(stage), plain, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
-    session = horovod.setup(model, torch.optim.Adam(model.parameters()), shard_optimizer=True)
-    model(torch.randn(4, 6)).pow(2).mean().backward()
-    with pytest.raises(RuntimeError) as caught:
+    for stage in (True, "gradients"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+        horovod.setup(model, torch.optim.Adam(model.parameters()), shard_optimizer=stage)
         model(torch.randn(4, 6)).pow(2).mean().backward()
-    assert "backward_passes_per_step=" in str(caught.value)
-    assert same_on_every_rank(horovod, True)
+        with pytest.raises(RuntimeError) as caught:
+            model(torch.randn(4, 6)).pow(2).mean().backward()
+        assert "backward_passes_per_step=" in str(caught.value)
+        assert same_on_every_rank(horovod, True)

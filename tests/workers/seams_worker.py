@@ -74,7 +74,8 @@ def main() -> None:
     parser.add_argument("--kill-host", default="127.0.0.1")
     parser.add_argument("--marker", help="elastic: the file that says the kill happened")
     parser.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS))
-    parser.add_argument("--shard-optimizer", action="store_true")
+    parser.add_argument("--shard-optimizer", nargs="?", const=True, default=False,
+                        help="ZeRO stage 1; 'gradients': stage 2")  # fmt: skip
     parser.add_argument("--bucket", type=int, help="ZeRO's bucket size, in elements")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
