@@ -38,7 +38,7 @@ def test_sharded_optimizers_train_like_one_plain_process(tmp_path, optimizer):
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_stage_2_trains_like_one_plain_process(tmp_path, optimizer):
     """ZeRO stage 2 (``shard_optimizer="gradients"``: each gradient let go once its buckets
-    hold it), with accumulation over 2 passes, a scheduler, LR warmup and AMP's clipping,
+    hold it), with accumulation over 2 passes, a scheduler and LR warmup,
     against the same oracle as stage 1."""
     args = ["--optimizer", optimizer, "--shard-optimizer", "gradients", "--accumulate", "2",
             "--scheduler", "--warmup-steps", "3", "--bucket", "40"]  # fmt: skip

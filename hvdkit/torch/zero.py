@@ -39,8 +39,10 @@ size; ``load_state_dict`` takes such a state and keeps this rank's slice of it (
 resumes a plain run's checkpoint and the other way round, at any ``-np``). The layout follows
 the world size, so an elastic reset re-partitions at the next load or step.
 
-Stage 2 (sharded gradients) is not done: autograd writes each parameter's full gradient, and
-freeing them early needs per-parameter hooks that reduce-scatter during the backward pass.
+Stage 2 (``setup(..., shard_optimizer="gradients")``): no gradient buffer the size of the
+model. Each parameter's gradient, once its last backward pass is in, is copied into its
+buckets and let go (``p.grad`` is None after the pass); a bucket's buffer lives until its
+reduce-scatter is summed into the rank's own slice buffer. At one rank it is stage 1.
 """
 
 from __future__ import annotations
