@@ -506,6 +506,8 @@ def setup(
     ``shard_optimizer=True`` (ZeRO stage 1, :mod:`hvdkit.torch.zero`): each rank keeps the
     optimizer state of its 1/N slice of the parameters only; checkpoints hold the plain
     optimizer's state, so they move between sharded and plain runs at any number of ranks.
+    ``shard_optimizer="gradients"`` (stage 2): the gradients too (``p.grad`` is None after
+    the backward pass; clip with ``backward_and_step(..., clip_grad_norm=)``).
 
     ``elastic=True`` (under ``hvdkit run --min-np``): the same loop survives lost and added
     workers. The session commits in memory every ``commit_every`` steps and at each epoch
