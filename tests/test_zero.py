@@ -151,7 +151,8 @@ def test_a_tensorflow_tape_with_compression_bf16_inside_tf_function():
     assert_reduced_in_bf16(bf16_run("tape")["weight"], 0, torch.float32)
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["plain", "sharded"])
+@pytest.mark.parametrize("sharded", [False, True, "gradients"],
+                         ids=["plain", "sharded", "stage2"])  # fmt: skip
 def test_an_elastic_kill_re_cuts_the_slices_for_each_world(tmp_path, sharded):
     """Sharded Adam in an elastic session (kill -9 of one worker at step 7, its host back
     after the cooldown) with accumulation, a scheduler and warmup: each commit gathers the
@@ -161,6 +162,7 @@ def test_an_elastic_kill_re_cuts_the_slices_for_each_world(tmp_path, sharded):
     out, ranks, lost_at, joined_at = killed_at_7(
         tmp_path, "--warmup-steps", "10", "--optimizer", "adam", "--bucket", "40",
         *(["--shard-optimizer"] if sharded else []),
+        *(["gradients"] if sharded == "gradients" else []),
     )
     oracle = seams.Job(
         epochs=6, accumulate=2, scheduler=True, warmup_steps=10, optimizer="adam", elastic=True,
