@@ -47,9 +47,10 @@ def test_stage_2_trains_like_one_plain_process(tmp_path, optimizer):
     assert_like_the_oracle(out, tmp_path / "log", oracle)
 
 
-def test_bf16_autocast_with_clipping_over_the_slices(tmp_path):
+@pytest.mark.parametrize("stage", [[], ["gradients"]], ids=["stage1", "stage2"])
+def test_bf16_autocast_with_clipping_over_the_slices(tmp_path, stage):
     """The gradient norm is the whole gradient's, summed over the ranks' slices."""
-    out = job(2, tmp_path / "log", "--optimizer", "adam", "--shard-optimizer", "--amp")
+    out = job(2, tmp_path / "log", "--optimizer", "adam", "--amp", "--shard-optimizer", *stage)
     assert_like_the_oracle(out, tmp_path / "log", seams.Job(optimizer="adam", amp=True))
 
 
