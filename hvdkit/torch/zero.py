@@ -243,15 +243,7 @@ class _Group:
             self.counts[i] += 1
             for bucket in self.bucket_of[i]:
                 if bucket in self.summed:
-                    raise RuntimeError(
-                        f"hvdkit: shard_optimizer=True: parameter {i} of a param group had its "
-                        "gradient accumulated again after its bucket was reduced into this "
-                        "rank's slice (more backward passes than backward_passes_per_step="
-                        f"{passes()}, or a parameter accumulated twice in one pass, as under "
-                        "torch.utils.checkpoint(use_reentrant=True)). Fix: pass setup() the "
-                        "number of backward passes a step takes (backward_passes_per_step=), "
-                        "or checkpoint with use_reentrant=False"
-                    )
+                    raise _pass_too_many(i, passes(), "True", "reduced into this rank's slice")
                 if bucket in self.sent:
                     self.late.add(bucket)  # sent again at the step
                 elif all(self.counts[j] >= passes() for j in self.members[bucket]):
@@ -268,17 +260,8 @@ class _Group:
         self.counts[i] += 1
         if self.counts[i] < passes:
             return  # accumulating in p.grad, as a plain optimizer does
-        sent = [b for b in self.bucket_of[i] if b in self.sent]
-        if sent:
-            raise RuntimeError(
-                f"hvdkit: shard_optimizer='gradients': parameter {i} of a param group had its "
-                "gradient accumulated again after its bucket was sent and its gradient let go "
-                f"(more backward passes than backward_passes_per_step={passes}, or a "
-                "parameter accumulated twice in one pass, as under "
-                "torch.utils.checkpoint(use_reentrant=True)). Fix: pass setup() the number of "
-                "backward passes a step takes (backward_passes_per_step=), or checkpoint with "
-                "use_reentrant=False"
-            )
+        if any(b in self.sent for b in self.bucket_of[i]):
+            raise _pass_too_many(i, passes, "'gradients'", "sent and its gradient let go")
         self._into_buckets(i)
         for bucket in self.bucket_of[i]:
             if all(self.counts[j] >= passes for j in self.members[bucket]):
@@ -468,6 +451,19 @@ class _Group:
     def mine(self, flat: torch.Tensor) -> torch.Tensor:
         start, end = self.layout.owned(self.rank)
         return flat[start:end]
+
+
+def _pass_too_many(i: int, passes: int, setting: str, what: str) -> RuntimeError:
+    """A gradient accumulated into parameter ``i`` after its bucket was ``what``: the error
+    with the fix, for either stage."""
+    return RuntimeError(
+        f"hvdkit: shard_optimizer={setting}: parameter {i} of a param group had its gradient "
+        f"accumulated again after its bucket was {what} (more backward passes than "
+        f"backward_passes_per_step={passes}, or a parameter accumulated twice in one pass, as "
+        "under torch.utils.checkpoint(use_reentrant=True)). Fix: pass setup() the number of "
+        "backward passes a step takes (backward_passes_per_step=), or checkpoint with "
+        "use_reentrant=False"
+    )
 
 
 def _gather(tensor: torch.Tensor, name: str, root: int | None) -> torch.Tensor | None:
