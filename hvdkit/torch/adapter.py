@@ -316,19 +316,18 @@ class TorchAdapter(Adapter):
     def _snapshot(self) -> dict[str, Any]:
         # In host memory: a commit on the GPU would hold a second copy of the model there.
         # A sharded optimizer's whole state on every rank: any of them may be the root after
-        # a reset (gathered one tensor at a time).
+        # a reset; gathered one tensor at a time into fresh host tensors, so not copied again.
         optimizer = (
             zero.state_everywhere(self.optimizer)
             if self.config.shard_optimizer
-            else self.optimizer.state_dict()
+            else _on_host(self.optimizer.state_dict())
         )
-        snapshot: dict[str, Any] = _on_host(
-            {
-                "model": self.model.state_dict(),
-                "outside": [p.detach() for p in self.outside()],
-                "optimizer": optimizer,
-            }
-        )
+        snapshot: dict[str, Any] = {
+            **_on_host(
+                {"model": self.model.state_dict(), "outside": [p.detach() for p in self.outside()]}
+            ),
+            "optimizer": optimizer,
+        }
         if self.config.shard_optimizer:  # what rank 0 gives the others at the next sync
             self.resumed_optimizer = snapshot["optimizer"]
         return snapshot
