@@ -8,7 +8,8 @@ allreduce of GPU tensors, ``hvdkit bench``'s ResNet-50 bf16 channels_last
 adapter-against-plain ratio, and ``hvdkit run`` refusing two ranks on one GPU under NCCL. Each
 training check compares with one process on the global batch. With fewer than two GPUs it
 then builds Horovod without NCCL (GPU tensors through Gloo) and runs the checks on 2 ranks
-that share GPU 0: ranks must end identical.
+that share GPU 0: ranks must end identical. ``--only memory``: ``torch.cuda.max_memory_allocated``
+of plain, ZeRO-1 and ZeRO-2 at np=2 (sharing GPU 0) against the ideal (:func:`memory_checks`).
 
 Writes ``report.md``, ``report.json`` and ``checks.log`` into ``--out``. Exit 1 if a check
 fails. Not part of ``make test``: CI has no GPU.
@@ -168,12 +169,66 @@ class Checks:
 
 
 def resume_checks(c: Checks, np: int, gpus: int, how: str) -> None:
-    """Issue 49 item 7: a resumed AdamW(capturable/fused), plain and ZeRO-1."""
+    """Issue 49 item 7: a resumed AdamW(capturable/fused), plain, ZeRO-1 and ZeRO-2."""
     for flag in ("capturable", "fused"):
-        for shard in ((), ("--shard",)):
-            kind = "ZeRO-1" if shard else "plain"
+        for shard in ((), ("--shard",), ("--shard", "gradients")):
+            kind = {0: "plain", 1: "ZeRO-1", 2: "ZeRO-2"}[len(shard)]
             c.training(np, gpus, f"resume AdamW({flag}=True) {kind} np={np} {how}",
                        ["resume", "--flag", flag, *shard])  # fmt: skip
+
+
+MEMORY_VARIANTS = {"plain": "plain", "sharded": "ZeRO-1", "gradients": "ZeRO-2"}
+
+
+def _memory_job(c: Checks, np: int, variant: str) -> dict:
+    """``hvdkit bench``'s memory job (an MLP of 16.8 M parameters, Adam) for one variant."""
+    from hvdkit.bench.worker import parse_results
+
+    how = [f"--{c.controller}"] if c.controller else []
+    rc, text, s = c.hvdkit("run", "-np", str(np), *how, "--", c.python, "-m",
+                           "hvdkit.bench.memory", "--variant", variant, "--steps", "3",
+                           "--rounds", "1", timeout=600)  # fmt: skip
+    found = parse_results(text)
+    if rc != 0 or not found or found[-1].get("cuda_peak_bytes") is None:
+        raise RuntimeError(f"exit {rc}, {len(found)} result(s), no CUDA peak: {text[-500:]}")
+    return found[-1] | {"seconds": s}
+
+
+def memory_checks(c: Checks, how: str) -> None:
+    """Issue 51 item 5: ``torch.cuda.max_memory_allocated`` of plain, ZeRO-1 and ZeRO-2 at
+    np=2 against the ideal: the weights, gradients and Adam state each layout keeps (the
+    plain run's bytes, divided as the stage promises) plus what the same variant holds
+    beyond them at one rank (activations, the optimizer step's temporaries). A stage passes
+    when its peak is below plain's by at least 0.8 of what it promises to take off."""
+    runs: dict[tuple[int, str], dict] = {}
+    try:
+        for np, variant in ((1, "plain"), (1, "sharded"), (2, "plain"), (2, "sharded"),
+                            (2, "gradients")):  # fmt: skip
+            runs[np, variant] = _memory_job(c, np, variant)
+    except RuntimeError as exc:
+        c.record(f"CUDA peak, bench memory job, {how}", False, str(exc)[-500:], 0)
+        return
+    plain = runs[2, "plain"]
+    w, g, st = plain["weights_bytes"], plain["grads_bytes"], plain["state_bytes"]
+    ideal_counted = {"plain": w + g + st, "sharded": w + g + st / 2, "gradients": w + (g + st) / 2}
+    promised = {"plain": 0.0, "sharded": st / 2, "gradients": (g + st) / 2}
+    for variant, name in MEMORY_VARIANTS.items():
+        one = runs[1, "plain" if variant == "plain" else "sharded"]
+        fixed = one["cuda_peak_bytes"] - (one["weights_bytes"] + one["grads_bytes"]
+                                          + one["state_bytes"])  # fmt: skip
+        this = runs[2, variant]
+        peak, ideal = this["cuda_peak_bytes"], ideal_counted[variant] + fixed
+        detail = (f"peak {peak / 1e6:.1f} MB, ideal {ideal / 1e6:.1f} MB (counted "
+                  f"{ideal_counted[variant] / 1e6:.1f} + {fixed / 1e6:.1f} beyond them at one "
+                  f"rank), peak / ideal {peak / ideal:.2f}; held: weights "
+                  f"{this['weights_bytes'] / 1e6:.1f}, grads {this['grads_bytes'] / 1e6:.1f}, "
+                  f"state {this['state_bytes'] / 1e6:.1f}")  # fmt: skip
+        ok = True
+        if promised[variant]:
+            saving = (plain["cuda_peak_bytes"] - peak) / promised[variant]
+            detail += f"; saving / promised {saving:.2f}"
+            ok = saving >= 0.8
+        c.record(f"CUDA peak np=2 {name} ({how})", ok, detail, this["seconds"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sdist", help="a local horovod-0.28.1.tar.gz (no download)")
     parser.add_argument("--skip", default="", help="comma list: build,nccl,bench,shared")
     parser.add_argument("--only", default="",
-                        help="comma list of check groups: training,resume (default: all)")  # fmt: skip
+                        help="comma list of check groups: training,resume,memory "
+                        "(default: all)")  # fmt: skip
     parser.add_argument("--shared-controllers", default="gloo",
                         help="for the 2 ranks sharing a GPU: gloo, mpi or gloo,mpi")  # fmt: skip
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
-    only = set(filter(None, args.only.split(","))) or {"training", "resume"}
+    only = set(filter(None, args.only.split(","))) or {"training", "resume", "memory"}
     if "training" not in only:
         skip |= {"doctor", "bench"}
     c = Checks(args.out, sys.executable)
@@ -271,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                     ["--controllers", args.shared_controllers, *sdist])  # fmt: skip
         for c.controller in controllers:
             how = f"sharing GPU 0, {c.controller}"
+            if "memory" in only:
+                memory_checks(c, how)
             if "resume" in only:
                 resume_checks(c, 2, gpus, how)
             if "training" not in only:

@@ -78,7 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     # variant pays alike and which is not the model's memory: paid before the start.
     torch.optim.Adam([torch.zeros(1, requires_grad=True)]).step()
     start_rss = _rss()  # before any model: what the variant adds is measured from here
-    device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else None
+    # Ranks beyond the GPUs share them (two ranks on one GPU measure memory as well as two).
+    device = (
+        torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        if torch.cuda.is_available()
+        else None
+    )
 
     def build(sharded: bool, gradients: bool = False) -> tuple[torch.nn.Module, Any]:
         torch.manual_seed(0)

@@ -236,7 +236,7 @@ def load_optimizer_state_(
         optimizer.state[param] = {
             key: value if not to_device
             else _like_param(value, param) if key != "step"
-            else _step_like(value, param, group)
+            else step_like(value, param, group)
             for key, value in entries.items()
         }  # fmt: skip
 
@@ -248,7 +248,7 @@ def _like_param(value: Any, param: torch.Tensor) -> Any:
     return value.to(device=param.device, dtype=dtype)
 
 
-def _step_like(value: Any, param: torch.Tensor, group: dict[str, Any]) -> Any:
+def step_like(value: Any, param: torch.Tensor, group: dict[str, Any]) -> Any:
     """A step count where torch keeps it: on the CPU, except under ``capturable`` or ``fused``
     (Adam, AdamW, ...), whose kernels read it on the parameter's device, as float32 (torch's
     own ``load_state_dict`` rule). A checkpoint is read onto the CPU."""

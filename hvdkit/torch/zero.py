@@ -59,7 +59,7 @@ import torch
 from horovod.torch import mpi_ops
 
 from hvdkit.torch import bf16
-from hvdkit.torch.functions import load_optimizer_state_
+from hvdkit.torch.functions import load_optimizer_state_, step_like
 from hvdkit.torch.optimizer import tell_schedulers
 
 
@@ -730,7 +730,7 @@ class _Sharded:
         inner.state.clear()
         sliced = {id(p) for group in self._hvdkit_groups for p in group.params}
         self._hvdkit_parked = {p: entry for p, entry in full.items() if id(p) not in sliced}
-        for group in self._hvdkit_groups:
+        for group, owner in zip(self._hvdkit_groups, self._hvdkit_owners, strict=True):
             present = [full.get(p, {}) for p in group.params]
             keys = {k for entry in present for k in entry}
             if not keys:
@@ -744,7 +744,10 @@ class _Sharded:
                     for v, p in zip(values, group.params, strict=True)
                 ):
                     state[key] = group.slice_of(values)
-                else:  # the same on every parameter (Adam's step count)
+                elif key == "step":  # the same on every parameter; fused kernels' on the GPU
+                    state[key] = step_like(copy.deepcopy(sample), group.shard,
+                                           self.param_groups[owner])  # fmt: skip
+                else:
                     state[key] = copy.deepcopy(sample)
             for chunk, at in zip(group.chunks, range(0, group.layout.shard, CHUNK), strict=True):
                 inner.state[chunk] = {

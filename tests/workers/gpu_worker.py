@@ -267,7 +267,8 @@ def resume_checks(args) -> None:
         )
         model.to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, **flags)
-        return hvd.setup(model, opt, checkpoint=ckpt, shard_optimizer=args.shard)
+        shard = {"": False, "states": True}.get(args.shard, args.shard)
+        return hvd.setup(model, opt, checkpoint=ckpt, shard_optimizer=shard)
 
     first = session_for()
     train(first, 0, steps)
@@ -319,7 +320,9 @@ def main() -> int:
     sub.add_parser("allreduce")
     r = sub.add_parser("resume")
     r.add_argument("--flag", choices=("capturable", "fused"), default="capturable")
-    r.add_argument("--shard", action="store_true")
+    r.add_argument("--shard", nargs="?", const="states", default="",
+                   choices=("states", "gradients"),
+                   help="ZeRO: 'states' (stage 1, the default) or 'gradients' (stage 2)")
     r.add_argument("--dir", help="where the checkpoint goes (a temporary folder: rank 0's)")
     args = parser.parse_args()
     checks = {"torch": torch_checks, "keras": keras_checks, "allreduce": allreduce_bandwidth,
