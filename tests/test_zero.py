@@ -54,14 +54,15 @@ def test_bf16_autocast_with_clipping_over_the_slices(tmp_path, stage):
     assert_like_the_oracle(out, tmp_path / "log", seams.Job(optimizer="adam", amp=True))
 
 
-def test_fp16_with_a_grad_scaler_skips_the_same_steps_as_the_plain_optimizer(tmp_path):
+@pytest.mark.parametrize("stage", [[], ["gradients"]], ids=["stage1", "stage2"])
+def test_fp16_with_a_grad_scaler_skips_the_same_steps_as_the_plain_optimizer(tmp_path, stage):
     """fp16 autocast with a GradScaler that starts at 2^40: the first steps overflow. The
     overflow check is agreed over the ranks' slices, so every rank skips the same steps as
     the plain (allreduce) optimizer does, the scale ends the same, and the weights too (to
     the path tolerance: the sums run in another order)."""
     args = ["--scaler", "--optimizer", "adam", "--epochs", "3"]
     plain = results(job(2, tmp_path / "plain", *args))
-    sharded = results(job(2, tmp_path / "sharded", *args, "--shard-optimizer"))
+    sharded = results(job(2, tmp_path / "sharded", *args, "--shard-optimizer", *stage))
     assert sharded[0]["weights"] == sharded[1]["weights"]
     assert sharded[0]["scale"] == plain[0]["scale"] < 2.0**40  # backed off, the same way
     assert sharded[0]["steps"] == plain[0]["steps"]
@@ -97,13 +98,16 @@ def test_a_checkpoint_moves_between_sharded_and_plain_runs_at_another_np(
     assert_like_the_oracle(resumed, log, oracle)
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["plain", "sharded"])
-def test_bf16_gradients_match_the_oracle_that_rounds_them(tmp_path, sharded):
+@pytest.mark.parametrize("shard", [None, [], ["gradients"]], ids=["plain", "stage1", "stage2"])
+def test_bf16_gradients_match_the_oracle_that_rounds_them(tmp_path, shard):
     """compression="bf16": each rank's gradient rounded to bf16, summed in float32, the mean
     rounded once; the oracle does exactly that in one process, with accumulation and a
-    scheduler. Also through ZeRO's reduce-scatter."""
+    scheduler. Also through ZeRO's reduce-scatter, stage 1 and stage 2 (whose buckets are
+    filled from the gradients as autograd finishes them)."""
     args = ["--compression", "bf16", "--accumulate", "2", "--scheduler", "--optimizer", "adam"]
-    out = job(2, tmp_path / "log", *args, *(["--shard-optimizer"] if sharded else []))
+    if shard is not None:
+        args += ["--shard-optimizer", *shard]
+    out = job(2, tmp_path / "log", *args)
     oracle = seams.Job(compression="bf16", accumulate=2, scheduler=True, optimizer="adam")
     assert_like_the_oracle(out, tmp_path / "log", oracle)
 
