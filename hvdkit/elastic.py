@@ -29,6 +29,7 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 
 from hvdkit import elastic_restart, rank_zero
 from hvdkit.core import restart
+from hvdkit.profile import recorder as profile_recorder
 
 
 class Handler(abc.ABC):
@@ -283,7 +284,8 @@ class SessionElastic:
     def commit(self) -> None:
         """:meth:`commit_or_raise`, recovering in place."""
         try:
-            self.commit_or_raise()
+            with profile_recorder.phase("checkpoint"):  # under --profile: apart from steps
+                self.commit_or_raise()
         except (HostsUpdatedInterrupt, HorovodInternalError) as error:
             self.recover_from(error)
 
@@ -317,6 +319,10 @@ class SessionElastic:
         """Back to the last commit (``failed``: a worker was lost), Horovod at the new size,
         the LR rescaled, and the state synced from rank 0. Repeated while workers keep
         failing during it, as Horovod's own loop does."""
+        with profile_recorder.phase("reset"):  # under --profile: apart from the steps
+            self._recover(failed)
+
+    def _recover(self, failed: bool) -> None:
         started, lost = time.monotonic(), self.since_commit if failed else 0
         while True:
             try:

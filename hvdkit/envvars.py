@@ -50,4 +50,8 @@ other exportable variable of the launching shell reaches each rank on its stdin
 
 PROFILE_DIR = "HVDKIT_PROFILE_DIR"
 """Set by ``hvdkit run --profile DIR`` for every rank: each records where its steps' time goes
-and writes ``DIR/rank-N.json`` at exit (:mod:`hvdkit.profile`)."""
+and writes its summary to ``DIR/rank-N.HOST.PID.json`` at exit (:mod:`hvdkit.profile`)."""
+
+HANG_DIR = "HVDKIT_HANG_DIR"
+"""Set by ``hvdkit run`` (its hang doctor, ``--stall-timeout``) for every rank: the folder where
+a rank writes its Python stacks when the launcher asks (:mod:`hvdkit.hang`)."""

@@ -157,7 +157,7 @@ TWO_HOSTS = ["-H", "localhost:1,127.0.0.1:1"]
     ("args", "message"),
     [
         ([*TWO_HOSTS, "--max-np", "2"], "--max-np is for elastic jobs: add --min-np N"),
-        ([*TWO_HOSTS, "--stall-timeout", "5"], "--stall-timeout is for elastic jobs"),
+        ([*TWO_HOSTS, "--stall-timeout", "-1"], "--stall-timeout -1: give seconds >= 0"),
         ([*TWO_HOSTS, "--min-np", "1", "--mpi"], "Horovod's elastic mode runs on Gloo only"),
         (["--min-np", "1", "--host-discovery-script", "/nonexistent/d.sh"], "no such file"),
         (["--min-np", "1", "--host-discovery-script", "'./d.sh"], "a shell cannot read it"),
@@ -273,3 +273,21 @@ def test_new_hosts_take_ranks_in_the_order_they_are_listed(monkeypatch):
         manager.update_available_hosts()
         assert manager.current_hosts.host_assignment_order == order
     assert HostManager.order_available_hosts({"x", "a", "k"}, ["k", "gone"]) == ["k", "a", "x"]
+
+
+def test_the_stall_timeout_sets_the_hang_doctor_for_static_jobs_too():
+    """--stall-timeout was for elastic jobs only; it is the hang doctor's for every job (a
+    quarter of it is Horovod's stall check), and 0 turns the doctor off."""
+    def planned(*flags):
+        out = subprocess.run(
+            [sys.executable, "-m", "hvdkit", "run", *TWO_HOSTS, *flags, "--dry-run", "--json",
+             "--", "python", "t.py"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    # (values given to the ranks this way are not shown; HangConfig's unit test checks them)
+    for on in (planned("--stall-timeout", "20"), planned()):
+        assert "HOROVOD_STALL_CHECK_TIME_SECONDS" in on and "HVDKIT_HANG_DIR" in on
+    off = planned("--stall-timeout", "0")
+    assert "HOROVOD_STALL_CHECK_TIME_SECONDS" not in off and "HVDKIT_HANG_DIR" not in off

@@ -39,7 +39,8 @@ def test_time_goes_to_the_innermost_phase_and_the_rest_is_compute():
         with rec.phase("other"):
             clock.advance(0.004)  # after the step: charged to the next one
     assert len(rec.steps) == 2
-    data, compute, comm, opt, other = rec.steps[1]
+    data, compute, comm, opt, other, unsplit = rec.steps[1]
+    assert unsplit == 0
     assert (data, compute, comm, opt, other) == pytest.approx((0.030, 0.010, 0.005, 0.003, 0.004))
     assert rec.steps[0][4] == 0 and sum(rec.steps[0]) == pytest.approx(0.048)
     assert rec.ends == pytest.approx([0.048, 0.100])
@@ -84,16 +85,170 @@ def test_a_rank_that_computes_longer_in_most_steps_is_the_straggler():
 
 
 def test_compiled_steps_say_so_rather_than_calling_everything_compute():
-    record = _record(0, (0, 0.02, 0, 0, 0))
+    record = _record(0, (0, 0, 0, 0, 0, 0.02))
     record["compiled"] = True
     v = report.build([record])["verdict"]
     assert v["bound"] == "unknown" and "run_eagerly=True" in v["advice"][0]
-    assert "verdict: unknown (compiled steps)" in report.table(report.build([record]))
+    assert "100% of the step not split" in v["advice"][0]
+    text = report.table(report.build([record]))
+    assert "verdict: unknown (compiled steps: " in text and "not split 100%" in text
+    assert "compute" not in text.split("verdict:")[1].split("\n")[0]  # never called compute
     # A custom loop's wait for its tf.data batches is timed outside the graph: over half the
     # step is input-bound, whatever the graph holds.
-    waiting = _record(0, (0.03, 0.02, 0, 0, 0))
+    waiting = _record(0, (0.03, 0, 0, 0, 0, 0.02))
     waiting["compiled"] = True
     assert report.build([waiting])["verdict"]["bound"] == "input"
+    # The input wrapper's loading may overlap the step: input-bound only over 80% of it.
+    loading = {**waiting, "loader_timed": True}
+    assert report.build([loading])["verdict"]["bound"] == "unknown"
+    loading = {**_record(0, (0.09, 0, 0, 0, 0, 0.01)), "compiled": True, "loader_timed": True}
+    assert report.build([loading])["verdict"]["bound"] == "input"
+
+
+def test_a_compiled_steps_data_is_what_the_input_wrapper_loaded_meanwhile():
+    """Loads in other threads (Keras's PyDataset workers) counted once where they overlap,
+    moved from the step's unsplit time to data, never more than the step; an eager step's
+    data was timed as a wait already, so nothing moves."""
+    clock = Clock()
+    rec = Recorder(clock)
+    rec.start()
+    with rec.phase("unsplit"):
+        rec.loading(True)
+        clock.advance(0.020)
+        rec.loading(True)  # a second worker, overlapping
+        clock.advance(0.010)
+        rec.loading(False)
+        clock.advance(0.010)
+        rec.loading(False)
+        clock.advance(0.010)
+    rec.step_done()
+    assert rec.steps[0][PHASES.index("data")] == pytest.approx(0.040)
+    assert rec.steps[0][PHASES.index("unsplit")] == pytest.approx(0.010)
+    assert rec.loader_timed
+    rec.loading(True)  # a load running across the step's end: each step its part
+    with rec.phase("unsplit"):
+        clock.advance(0.050)
+    rec.step_done()
+    assert rec.steps[1][PHASES.index("data")] == pytest.approx(0.050)
+    with rec.phase("unsplit"):
+        clock.advance(0.010)
+    rec.loading(False)
+    rec.step_done()
+    assert rec.steps[2][PHASES.index("data")] == pytest.approx(0.010)
+    eager = Recorder(clock)
+    eager.start()
+    with eager.phase("data"):
+        eager.loading(True)
+        clock.advance(0.030)
+        eager.loading(False)
+    eager.step_done()
+    assert eager.steps[0][0] == pytest.approx(0.030) and sum(eager.steps[0]) == pytest.approx(0.03)
+
+
+def test_time_between_training_steps_is_apart_and_in_no_step():
+    """Validation, the epoch's end, a checkpoint and an elastic reset are charged apart; a
+    validation loop seen only by its first no-grad batch lasts until a training batch or a
+    step."""
+    clock = Clock()
+    rec = Recorder(clock)
+    rec.start()
+    clock.advance(0.010)
+    rec.step_done()
+    with rec.phase("validation"):
+        clock.advance(2.0)
+    with rec.phase("checkpoint"):
+        clock.advance(1.0)
+    rec.apart_until_training("validation")  # a torch validation loader's first batch
+    clock.advance(3.0)
+    rec.training()  # the next training batch
+    with rec.phase("data"):
+        clock.advance(0.004)
+    clock.advance(0.006)
+    rec.step_done()
+    assert sum(rec.steps[1]) == pytest.approx(0.010)
+    assert rec.apart["validation"] == pytest.approx(5.0) and rec.apart["checkpoint"] == 1.0
+    rec.apart_until_training("validation")
+    clock.advance(1.0)
+    rec.step_done()  # a step ends it too (its time was the validation's)
+    clock.advance(0.010)
+    rec.step_done()
+    assert sum(rec.steps[-1]) == pytest.approx(0.010) and rec.apart["validation"] == 6.0
+    profile = report.build([rec.record(0, "h")])
+    assert profile["ranks"][0]["apart_ms"] == {"validation": 6000.0, "checkpoint": 1000.0}
+    assert "between steps, rank 0, whole run: validation 6000 ms, checkpoint 1000 ms" in (
+        report.table(profile)
+    )
+
+
+def test_one_long_step_does_not_move_the_phases():
+    record = _record(0, (0.002, 0.010, 0.001, 0.001, 0))
+    record["steps"][7] = [0.002, 5.0, 0.001, 0.001, 0]  # a validation the recorder missed
+    rank = report.build([record])["ranks"][0]
+    assert rank["phases_ms"]["compute"] == pytest.approx(10.0)
+    assert rank["step_ms"]["median"] == pytest.approx(14.0)
+
+
+def test_with_two_ranks_a_rank_15_percent_slower_is_the_straggler():
+    """The rank under test is not in the median it is compared with."""
+    fast = (0.001, 0.020, 0.004, 0.001, 0)
+    slow = (0.001, 0.0235, 0.0005, 0.001, 0)  # busy 25.5 ms against 22: 16% slower
+    v = report.build([_record(0, fast), _record(1, slow)])["verdict"]
+    assert v["straggler"] is not None and v["straggler"]["rank"] == 1
+
+
+def test_a_report_of_1024_ranks_is_quick_small_and_readable(tmp_path):
+    """Each rank's summary (a thousand steps digested) written as a rank writes it; the
+    report, the table and the picture in a fresh process: under 10 s and 500 MB, a table
+    of the slowest, median and fastest ranks, a picture of fixed size."""
+    import random
+
+    from hvdkit.profile.stats import digest
+
+    rng = random.Random(0)
+    for rank in range(1024):
+        slow = 0.006 if rank == 777 else 0.0
+        steps = [[0.002, 0.010 + slow + rng.random() * 1e-3, 0.003, 0.001, 0.0002, 0]
+                 for _ in range(1000)]  # fmt: skip
+        raw = {"rank": rank, "host": f"node{rank // 8}", "phases": list(PHASES), "steps": steps}
+        (tmp_path / f"rank-{rank}.node.1.json").write_text(json.dumps(digest(raw)))
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from hvdkit.profile import report\n"
+        "start = time.perf_counter()\n"
+        "text = report.finish(Path(sys.argv[1]), 1024)\n"
+        "print(text)\n"
+        "print('SECONDS', time.perf_counter() - start)\n"
+        # VmHWM: this process's own peak (ru_maxrss would carry pytest's across the fork)
+        "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
+        "print('MAXRSS_MB', int(hwm.split()[1]) / 1024)\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout  # fmt: skip
+    figures = dict(line.split() for line in out.splitlines() if line.startswith(("SECONDS",
+                   "MAXRSS_MB")))  # fmt: skip
+    assert float(figures["SECONDS"]) < 10 and float(figures["MAXRSS_MB"]) < 500, figures
+    assert "straggler: rank 777 on node97" in out
+    rows = [line for line in out.splitlines() if line.strip().startswith(tuple("0123456789"))]
+    assert len(rows) <= report.LISTED and any(r.split()[0] == "777" for r in rows)
+    assert "1008 more ranks in profile.json" in out
+    from PIL import Image
+
+    with Image.open(tmp_path / "profile.png") as picture:
+        assert picture.size[1] < 1500  # the same height as 16 ranks'
+    assert len(json.loads((tmp_path / "profile.json").read_text())["ranks"]) == 1024
+
+
+def test_a_report_that_fails_does_not_change_the_jobs_exit_status(tmp_path, capsys):
+    from hvdkit.commands import run
+
+    (tmp_path / "rank-0.h.1.json").write_text("{not json")
+    run._print_profile(tmp_path, 2)  # no exception: the job's own status stands
+    out = capsys.readouterr().out
+    assert "the report of" in out and "JSONDecodeError" in out and "exit status is its own" in out
 
 
 def test_the_closing_text_and_files(tmp_path):

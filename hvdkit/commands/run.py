@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -87,12 +88,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar=("MIN", "MAX"),
         help="seconds a failed host stays out before it may rejoin (default: for good)",
     )
-    elastic.add_argument(
+    parser.add_argument(
         "--stall-timeout",
         type=int,
         metavar="S",
-        help="hvdkit: count a worker that stopped answering (SIGSTOP, a hang) as failed once the "
-        "others have waited S s for it at a reset (default 30)",
+        help="hvdkit's hang doctor: when a collective has waited S s for some ranks, print "
+        "which ranks have not submitted which tensors, each rank's Python stack and a "
+        "diagnosis (default 60; 0: off). Elastic jobs: also count a worker that stopped "
+        "answering as failed once the others have waited S s for it at a reset (default 30)",
+    )
+    parser.add_argument(
+        "--on-stall",
+        choices=("wait", "stop"),
+        default="wait",
+        help="after the hang doctor's report: keep waiting (default) or stop the job (exit 124)",
+    )
+    parser.add_argument(
+        "--hang-dir",
+        metavar="DIR",
+        help="where the ranks write their stacks for the hang doctor; on several hosts, a "
+        "folder they share (default: a fresh folder on this machine)",
     )
     elastic.add_argument(
         "--elastic-timeout",
@@ -166,7 +181,6 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
                 ("--reset-limit", args.reset_limit),
                 ("--blacklist-cooldown-range", args.blacklist_cooldown_range),
                 ("--elastic-timeout", args.elastic_timeout),
-                ("--stall-timeout", args.stall_timeout),
             )
             if value is not None
         ]
@@ -188,7 +202,7 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
         reset_limit=args.reset_limit,
         cooldown_range=tuple(cooldown) if cooldown else None,
         elastic_timeout=args.elastic_timeout,
-        **({} if args.stall_timeout is None else {"stall_timeout": args.stall_timeout}),
+        **({"stall_timeout": args.stall_timeout} if args.stall_timeout else {}),
     )
 
 
@@ -198,6 +212,7 @@ def run_command(args: argparse.Namespace) -> int:
     from hvdkit.launch.allocation import detect, gpu_problem
     from hvdkit.launch.discover import probe
     from hvdkit.launch.elastic import ElasticError, elastic_interface
+    from hvdkit.launch.hang_doctor import Doctor, HangConfig
     from hvdkit.launch.hostfile import Host, HostfileError, parse_hostfile, parse_hosts_arg
     from hvdkit.launch.plan import LaunchConfig, LaunchError, build_plan, describe
     from hvdkit.launch.preemption import requeue_problem
@@ -212,6 +227,14 @@ def run_command(args: argparse.Namespace) -> int:
             f"--ssh-identity-file {args.ssh_identity_file!r}: horovodrun hands this path to a "
             "shell unquoted; use a path without spaces or shell characters"
         )
+    if args.stall_timeout is not None and args.stall_timeout < 0:
+        return _fail(f"--stall-timeout {args.stall_timeout}: give seconds >= 0 (0: no hang doctor)")
+    hang = HangConfig(
+        timeout=60 if args.stall_timeout is None else args.stall_timeout,
+        stop=args.on_stall == "stop",
+        directory=Path(args.hang_dir) if args.hang_dir else None,
+    )
+    hang_dir = Path("$TMPDIR/hvdkit-hang-XXXX") if args.dry_run else hang.folder()
     try:
         elastic = _elastic_config(args)
         if args.host_discovery_script:
@@ -262,7 +285,7 @@ def run_command(args: argparse.Namespace) -> int:
             controller=args.controller,
             network_interface=nic,
             start_timeout=args.start_timeout,
-            env=(*args.env, *_profile_env(args.profile)),
+            env=(*args.env, *_profile_env(args.profile), *hang.env(hang_dir)),
             output_dir=args.output_dir,
             verbose=args.verbose,
             ssh_port=args.ssh_port,
@@ -282,14 +305,36 @@ def run_command(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem)
     _clear_profile(args.profile)
-    code = runner.execute(
-        plan, output_dir=args.output_dir, verbose=args.verbose, requeue=args.requeue
-    )
+    host_of = {slot.rank: slot.host for slot in plan.ranks}
+    doctor = Doctor(hang, hang_dir, host_of) if hang.timeout > 0 else None
+    try:
+        code = runner.execute(
+            plan, output_dir=args.output_dir, verbose=args.verbose, requeue=args.requeue,
+            doctor=doctor,
+        )  # fmt: skip
+    finally:
+        if doctor is not None:
+            doctor.close()
+        if hang.directory is None and not (doctor and doctor.reports):
+            shutil.rmtree(hang_dir, ignore_errors=True)  # nothing to look at: no stall
     if args.profile:
-        from hvdkit.profile import report
-
-        print(report.finish(Path(args.profile).resolve(), len(plan.ranks)), flush=True)
+        _print_profile(Path(args.profile).resolve(), len(plan.ranks))
     return code
+
+
+def _print_profile(directory: Path, ranks: int) -> None:
+    """The profile's report; nothing in it changes the job's exit status (a report that
+    fails says so, and the job's own status stands)."""
+    from hvdkit.profile import report
+
+    try:
+        text = report.finish(directory, ranks)
+    except Exception as exc:  # noqa: BLE001 - advice never fails the job it describes
+        text = (
+            f"hvdkit profile: the report of {directory} failed ({type(exc).__name__}: {exc}); "
+            "the job's exit status is its own (the ranks' records are kept)"
+        )
+    print(text, flush=True)
 
 
 def _profile_env(directory: str | None) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from hvdkit.keras import tf_pipeline, torch_loader
+from hvdkit.keras import profiling, tf_pipeline, torch_loader
 from hvdkit.keras.shares import (
     Gather,
     InputError,
@@ -304,7 +304,8 @@ class ShardedPyDataset(keras.utils.PyDataset):
         return None if self.batches is None else steps(self.batches, self.size)
 
     def __getitem__(self, index: int) -> Any:
-        return self.dataset[source_batch(index, self.rank, self.size, self.batches)]
+        with profiling.loading():  # under --profile: a compiled step's data, timed here
+            return self.dataset[source_batch(index, self.rank, self.size, self.batches)]
 
     def on_epoch_begin(self) -> None:
         self.dataset.on_epoch_begin()

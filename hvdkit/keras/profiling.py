@@ -5,7 +5,8 @@ optimizer's allreduce is ``communication`` and its update ``optimizer``, and a s
 the update; :class:`ProfileCallback` (added by :func:`hvdkit.keras.setup`) makes the gap
 between batches ``data``, which is when the torch backend fetches the next one. A compiled
 TensorFlow step runs all of it inside one graph: there only the step's time is known, and the
-record says so (``compiled``) rather than calling all of it compute.
+record says so (``compiled``, the time ``unsplit``) rather than calling all of it compute; what
+hvdkit's ``PyDataset`` wrapper spent loading batches meanwhile (:func:`loading`) is ``data``.
 """
 
 from __future__ import annotations
@@ -47,38 +48,65 @@ def update() -> Iterator[None]:
 
 
 class ProfileCallback(keras.callbacks.Callback):
-    """The gap between batches is ``data`` (eager steps); a compiled step ends at its
-    batch's end."""
+    """The gap between batches is ``data`` (eager steps); a compiled step, from its batch's
+    begin to its end, is ``unsplit`` (less its input wrapper's loading: ``data``). Validation
+    and the epoch's end (the other callbacks': put first, this one's ``on_epoch_end`` runs
+    before theirs) are apart from the steps, until the next batch."""
 
     def __init__(self, recorder: profile_recorder.Recorder) -> None:
         super().__init__()
         self.recorder = recorder
-        self._waiting = False
+        self._open: str | None = None  # the phase this callback opened, if any
 
     def _eager_steps(self) -> bool:
         return keras.backend.backend() == "torch" or bool(getattr(self.model, "run_eagerly", 0))
 
-    def _stop_waiting(self) -> None:
-        if self._waiting:
+    def _switch(self, phase: str | None) -> None:
+        if self._open is not None:
             self.recorder.exit()
-            self._waiting = False
+        self._open = phase
+        if phase is not None:
+            self.recorder.enter(phase)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.recorder.start()
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._switch(None)
+
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._stop_waiting()
+        self._switch(None if self._eager_steps() else "unsplit")
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self._eager_steps():
+            self._switch(None)
             self.recorder.compiled = True
             self.recorder.step_done()
             return
-        self.recorder.enter("data")
-        self._waiting = True
+        self._switch("data")
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._switch("validation")
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self._switch("epoch end")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._stop_waiting()
+        self._switch("epoch end")
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self._stop_waiting()
+        self._switch(None)
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """An input wrapper's load of one batch (in whichever thread Keras loads it)."""
+    recorder = profile_recorder.get()
+    if recorder is None:
+        yield
+        return
+    recorder.loading(True)
+    try:
+        yield
+    finally:
+        recorder.loading(False)

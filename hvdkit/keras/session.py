@@ -194,5 +194,5 @@ def setup(
         callbacks.append(cb.BackupAndRestore.for_adapter(adapter))
     recorder = profile_recorder.get()
     if recorder is not None:
-        callbacks.append(ProfileCallback(recorder))
+        callbacks.insert(0, ProfileCallback(recorder))  # first: the epoch's end is apart
     return Session(adapter, callbacks)

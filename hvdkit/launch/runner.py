@@ -18,9 +18,10 @@ from typing import Any, TextIO
 
 from hvdkit import preempt
 from hvdkit.horovod_build.config import CONTROLLERS, Controller
-from hvdkit.launch import preemption, private_env
+from hvdkit.launch import hang_doctor, preemption, private_env
 from hvdkit.launch.console import Demux, Piece, is_noise, render
 from hvdkit.launch.elastic_report import SUMMARY
+from hvdkit.launch.hang_doctor import Doctor
 from hvdkit.launch.horovodrun import END, launcher_argv
 from hvdkit.launch.output import RankOutput, failure_message
 from hvdkit.launch.plan import LaunchPlan
@@ -70,8 +71,8 @@ class Console:
     ``output`` for the failure message; horovodrun's own closing traceback is held back in
     ``held``, shown only if hvdkit cannot say more plainly which rank failed."""
 
-    def __init__(self, output: RankOutput, verbose: bool) -> None:
-        self.output, self.verbose = output, verbose
+    def __init__(self, output: RankOutput, verbose: bool, doctor: Doctor | None = None) -> None:
+        self.output, self.verbose, self.doctor = output, verbose, doctor
         self.gpu = Path("/dev/nvidiactl").exists()
         self.held: list[str] = []
         self.summarised = False
@@ -81,6 +82,9 @@ class Console:
 
     def write(self, piece: Piece) -> None:
         sink = sys.stdout if piece.stream == "stdout" else sys.stderr
+        if self.doctor is not None and piece.stream == "stderr" and not piece.progress:
+            if self.doctor.feed(piece.rank, piece.text):
+                return  # Horovod's stall warning: the doctor reports it
         if not self.verbose and is_noise(piece.text, gpu=self.gpu):
             return
         if not piece.progress:
@@ -141,7 +145,11 @@ def _text(pipe: Any) -> TextIO:
 
 
 def execute(
-    plan: LaunchPlan, output_dir: str | None = None, verbose: bool = False, requeue: bool = False
+    plan: LaunchPlan,
+    output_dir: str | None = None,
+    verbose: bool = False,
+    requeue: bool = False,
+    doctor: Doctor | None = None,
 ) -> int:
     """Run the job; returns its exit status (non-zero if any rank failed), after printing
     which rank failed, on which host, with the tail of its stderr. A SIGTERM or SIGUSR1 is
@@ -162,7 +170,10 @@ def execute(
         env=env,
         start_new_session=True,
     )
-    console = Console(output, verbose)
+    console = Console(output, verbose, doctor)
+    if doctor is not None:
+        doctor.stop = lambda: stop(proc)
+        doctor.start()
     held = console.held
     done = [threading.Event(), threading.Event()]
     pumps = [
@@ -193,6 +204,8 @@ def execute(
     for event in done:
         if not event.wait(timeout=None if _marked(code) else ORPHAN_WAIT_S):
             break
+    if doctor is not None and doctor.stopped:
+        return hang_doctor.EXIT_CODE  # its report said who and where
     if console.preempted is not None:
         print(f"hvdkit run: the job checkpointed and every rank stopped; exit "
               f"{preempt.EXIT_CODE}", file=sys.stderr, flush=True)  # fmt: skip
@@ -216,6 +229,8 @@ def execute(
         if failed is None and not output.unreachable():
             sys.stderr.writelines(held)
         print(failure_message(output, host_of, code), file=sys.stderr, flush=True)
+        if doctor is not None:
+            doctor.after_failure()
     elif held:
         sys.stderr.writelines(held)
     return code

@@ -3,9 +3,14 @@
 
 Time is charged to the innermost open phase, with the monotonic clock, and whatever no phase
 holds between two step ends is ``compute``: a step is the time from the previous step's end
-to this one's, so the five phases add up to it exactly. No device is synchronised: on a GPU
-the host's clock sees an asynchronous backward pass only where it waits for it (in
-``communication``, which then holds that wait).
+to this one's, so the phases add up to it exactly. Time between training steps
+(:data:`~hvdkit.profile.stats.APART`: validation, the epoch's end, a checkpoint, an elastic
+reset) is charged apart and is in no step. A compiled step's time is ``unsplit``, less what
+hvdkit's input wrappers spent loading meanwhile (:meth:`Recorder.loading`), which is ``data``.
+No device is synchronised: on a GPU the host's clock sees an asynchronous backward pass only
+where it waits for it (in ``communication``, which then holds that wait).
+
+At exit a rank writes its summary (:func:`hvdkit.profile.stats.digest`), not its steps.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from hvdkit import envvars
+from hvdkit.profile.stats import APART, PHASES, digest
 
-PHASES = ("data", "compute", "communication", "optimizer", "other")
 MAX_STEPS = 50_000
-"""Steps kept in memory (and in ``rank-N.json``): past it, every other one is dropped and from
-then on only every 2nd (4th, ...) step is kept, an even sample of a long run in bounded memory."""
+"""Steps kept in memory (their summary goes to ``rank-N.HOST.PID.json``): past it, every other
+one is dropped and from then on only every 2nd (4th, ...) step is kept, an even sample of a long
+run in bounded memory."""
 _INDEX = {name: i for i, name in enumerate(PHASES)}
 
 
@@ -37,11 +44,18 @@ class Recorder:
         self.clock = clock
         self.steps: list[list[float]] = []
         self.ends: list[float] = []  # each step's end, seconds since the first step began
-        self._open: list[int] = []
+        self._open: list[int | str] = []  # a phase's index, or an APART name
         self._current = [0.0] * len(PHASES)
+        self.apart = dict.fromkeys(APART, 0.0)
+        self._sticky: str | None = None  # apart until a training batch or step says otherwise
+        self._lock = threading.Lock()  # loaders run in threads of their own
+        self._loads = 0  # loads running now, in any thread
+        self._load_start = 0.0
+        self._loaded = 0.0  # seconds some load ran, since the last step's end
         self._mark: float | None = None
         self._origin: float | None = None
         self.compiled = False  # steps run inside a compiled graph: only their time is known
+        self.loader_timed = False  # their data is the input wrappers' loading time
         self.stride = 1  # every stride-th step is kept (MAX_STEPS)
         self._count = 0
 
@@ -49,8 +63,11 @@ class Recorder:
         if self._mark is None:
             self._origin = self._mark = now
             return
-        phase = self._open[-1] if self._open else _INDEX["compute"]
-        self._current[phase] += now - self._mark
+        phase = self._open[-1] if self._open else self._sticky or _INDEX["compute"]
+        if isinstance(phase, str):
+            self.apart[phase] += now - self._mark
+        else:
+            self._current[phase] += now - self._mark
         self._mark = now
 
     def start(self) -> None:
@@ -59,8 +76,9 @@ class Recorder:
             self._charge(self.clock())
 
     def enter(self, phase: str) -> None:
+        """Open ``phase`` (one of PHASES, or of APART: time between training steps)."""
         self._charge(self.clock())
-        self._open.append(_INDEX[phase])
+        self._open.append(phase if phase in APART else _INDEX[phase])
 
     def exit(self) -> None:
         self._charge(self.clock())
@@ -69,7 +87,33 @@ class Recorder:
 
     def within(self, phase: str) -> bool:
         """Whether a ``phase`` is open now (perhaps with another inside it)."""
-        return _INDEX[phase] in self._open
+        return (phase if phase in APART else _INDEX[phase]) in self._open
+
+    def apart_until_training(self, name: str) -> None:
+        """From now, what no phase holds is ``name`` (an APART), until :meth:`training`
+        or the next step's end: a validation loop seen by its first batch."""
+        self._charge(self.clock())
+        self._sticky = name
+
+    def training(self) -> None:
+        """A training batch is being fetched: the time apart, if any, ends."""
+        if self._sticky is not None:
+            self._charge(self.clock())
+            self._sticky = None
+
+    def loading(self, begin: bool) -> None:
+        """An input wrapper's load begins or ends, in any thread: the time any load runs is
+        counted once, and a compiled step's share of it is ``data``."""
+        now = self.clock()
+        with self._lock:
+            if begin:
+                if self._loads == 0:
+                    self._load_start = now
+                self._loads += 1
+            else:
+                self._loads -= 1
+                if self._loads == 0:
+                    self._loaded += now - self._load_start
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -83,6 +127,15 @@ class Recorder:
         """Close the step that ends now (the next one starts at once)."""
         now = self.clock()
         self._charge(now)
+        self._sticky = None
+        with self._lock:
+            loaded = self._loaded + (now - self._load_start if self._loads else 0.0)
+            self._loaded, self._load_start = 0.0, now
+        unsplit = _INDEX["unsplit"]
+        moved = min(loaded, self._current[unsplit])  # eager steps timed their waits already
+        self._current[unsplit] -= moved
+        self._current[_INDEX["data"]] += moved
+        self.loader_timed = self.loader_timed or moved > 0
         if sum(self._current) > 0:
             self._count += 1
             if self._count % self.stride == 0:
@@ -95,14 +148,19 @@ class Recorder:
         self._current = [0.0] * len(PHASES)
 
     def record(self, rank: int, host: str) -> dict[str, Any]:
-        return {"rank": rank, "host": host, "phases": list(PHASES), "steps": self.steps,
-                "ends": self.ends, "compiled": self.compiled, "stride": self.stride}  # fmt: skip
+        """Every kept step (what :func:`hvdkit.profile.stats.digest` reads)."""
+        return {"rank": rank, "host": host, "pid": os.getpid(), "phases": list(PHASES),
+                "steps": self.steps, "ends": self.ends, "compiled": self.compiled,
+                "loader_timed": self.loader_timed, "stride": self.stride,
+                "apart": dict(self.apart)}  # fmt: skip
 
     def write(self, directory: Path, rank: int, host: str) -> Path:
+        """The summary, in a file of this process's own (an elastic job's rank N may be
+        several processes over the run, each with its file)."""
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"rank-{rank}.json"
+        path = directory / f"rank-{rank}.{host}.{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.record(rank, host)))
+        tmp.write_text(json.dumps(digest(self.record(rank, host))))
         os.replace(tmp, path)
         return path
 
@@ -157,9 +215,17 @@ def time_data_loaders(recorder: Recorder) -> Callable[[], None]:
     base = dataloader._BaseDataLoaderIter
     plain_next = base.__next__
 
+    import torch
+
     def timed_next(self: Any) -> Any:
-        with recorder.phase("data"):
-            return plain_next(self)
+        # A batch fetched with gradients off is a validation (or test) loop's: what follows
+        # is apart from the steps until a training batch, or a step, ends it.
+        if torch.is_grad_enabled():
+            recorder.training()
+            with recorder.phase("data"):
+                return plain_next(self)
+        recorder.apart_until_training("validation")
+        return plain_next(self)
 
     def undo() -> None:
         base.__next__ = plain_next  # type: ignore[method-assign]

@@ -4,7 +4,9 @@ Pure but for :func:`load` and :func:`finish` (files) and the plot (:mod:`.plot`)
 ``profile.json``::
 
     {"ranks": [{"rank", "host", "steps", "step_ms": {"median", "p90"},
-                "phases_ms": {"data", "compute", "communication", "optimizer", "other"},
+                "phases_ms": {"data", "compute", "communication", "optimizer", "other",
+                              "unsplit"},
+                "apart_ms": {"validation", "epoch end", "checkpoint", "reset"},
                 "compiled"}],
      "verdict": {"bound": "input" | "compute" | "communication" | "unknown",
                  "shares": {phase: fraction of the step},
@@ -12,12 +14,19 @@ Pure but for :func:`load` and :func:`finish` (files) and the plot (:mod:`.plot`)
                  "advice": [...]},
      "warmup_steps": 1}
 
-``phases_ms`` are each phase's **mean per step** (milliseconds) over the measured steps, so
-they add up to the mean step time; ``step_ms`` are the median and 90th percentile of the
-step times. The first step of each rank (set-up, graph tracing, the first allreduce's
-connections) is left out. When the steps ran inside a compiled TensorFlow graph only their
-time is known, and the wait for batches where a custom loop takes them from a ``tf.data``
-iterator: ``bound`` is ``input`` if that wait is over half the step, else ``unknown``.
+``phases_ms`` are each phase's **trimmed mean per step** (milliseconds: the 10% shortest and
+longest steps left out, so one long step moves nothing), which add up to the trimmed mean
+step; ``step_ms`` are the median and 90th percentile of the step times. The first step of
+each rank (set-up, graph tracing, the first allreduce's connections) is left out. Time
+between training steps (validation, the epoch's end, checkpoints, elastic resets) is in
+``apart_ms`` (totals over the run), never in a step. When the steps ran inside a compiled
+TensorFlow graph, their time is ``unsplit`` ("not split") but for what is timed outside it:
+the wait for a custom loop's ``tf.data`` batches, or the time hvdkit's input wrapper spent
+loading (a Keras ``PyDataset``); ``bound`` is ``input`` if that is over half of the step (a
+wait) or 80% of it (loading, which may overlap the step), else ``unknown``.
+
+Each rank sends a summary (:func:`hvdkit.profile.stats.digest`), so that the report of a
+thousand ranks reads a thousand short records.
 """
 
 from __future__ import annotations
@@ -27,65 +36,52 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hvdkit.profile.recorder import PHASES
+from hvdkit.profile.stats import LABELS, PHASES, WARMUP_STEPS, digest
 
-WARMUP_STEPS = 1
-STRAGGLER_RATIO = 1.10  # busy time above the median rank's by this much, in most steps
+STRAGGLER_RATIO = 1.10  # busy time above the other ranks' median by this much, in most steps
 STRAGGLER_STEPS = 0.75  # the share of steps it must be slower in: "consistently"
+LOADING_BOUND = 0.8  # a compiled step's share of loading (overlapping it) that is input-bound
 BOUNDS = {"input": ("data",), "communication": ("communication",),
           "compute": ("compute", "optimizer", "other")}  # fmt: skip
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    at = (len(ordered) - 1) * q
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
-def measured(record: dict[str, Any]) -> list[list[float]]:
-    """A rank's steps less the warm-up (all of them when there are too few)."""
-    steps = record["steps"]
-    return steps[WARMUP_STEPS:] if len(steps) > WARMUP_STEPS else steps
-
-
 def summarize(record: dict[str, Any]) -> dict[str, Any]:
-    """One rank's line of ``profile.json``."""
-    steps = measured(record)
-    totals = [sum(step) for step in steps]
-    phases = {
-        name: 1000 * statistics.fmean(step[i] for step in steps) for i, name in enumerate(PHASES)
-    }
+    """One rank's line of ``profile.json``, from its summary (or its raw steps)."""
+    d = record if record.get("digested") else digest(record)
     return {
-        "rank": record["rank"],
-        "host": record["host"],
-        "steps": len(steps),
-        "step_ms": {
-            "median": 1000 * statistics.median(totals),
-            "p90": 1000 * _percentile(totals, 0.9),
-        },
-        "phases_ms": phases,
-        "compiled": bool(record.get("compiled")),
+        "rank": d["rank"],
+        "host": d["host"],
+        "steps": d["steps"],
+        "step_ms": d["step_ms"],
+        "phases_ms": d["phases_ms"],
+        "apart_ms": d.get("apart_ms", {}),
+        "compiled": d["compiled"],
+        "loader_timed": bool(d.get("loader_timed")),
     }
 
 
 def straggler(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The rank whose busy time (its step less its communication wait) is above the median
-    rank's by :data:`STRAGGLER_RATIO` in at least :data:`STRAGGLER_STEPS` of the steps: the
-    others wait for it in their allreduces."""
+    """The rank whose busy time (its step less its communication wait) is above the other
+    ranks' median by :data:`STRAGGLER_RATIO` in at least :data:`STRAGGLER_STEPS` of the
+    steps: the others wait for it in their allreduces. The rank under test is left out of
+    the median it is compared with (with two ranks, the other one)."""
     if len(records) < 2:
         return None
-    comm = PHASES.index("communication")
-    busy = [[sum(s) - s[comm] for s in measured(r)] for r in records]
+    busy = [r["busy_ms"] for r in records]
     length = min(len(b) for b in busy)
     if length == 0:
         return None
-    medians = [statistics.median(b[k] for b in busy) for k in range(length)]
     means = [statistics.fmean(b[:length]) for b in busy]
-    typical = statistics.median(means)
     worst = max(range(len(records)), key=lambda i: means[i])
-    slower = sum(busy[worst][k] > STRAGGLER_RATIO * medians[k] for k in range(length)) / length
+    others = [b for i, b in enumerate(busy) if i != worst]
+    typical = statistics.median(m for i, m in enumerate(means) if i != worst)
+    slower = (
+        sum(
+            busy[worst][k] > STRAGGLER_RATIO * statistics.median(b[k] for b in others)
+            for k in range(length)
+        )
+        / length
+    )
     if typical <= 0 or means[worst] < STRAGGLER_RATIO * typical or slower < STRAGGLER_STEPS:
         return None
     return {
@@ -105,9 +101,12 @@ def verdict(ranks: list[dict[str, Any]], slow: dict[str, Any] | None) -> dict[st
         for name in PHASES
     }
     if any(r["compiled"] for r in ranks):
-        # Only the batches' wait is timed apart from a compiled step (a custom loop's tf.data
-        # iterator): more than half of the step is input-bound whatever the graph holds.
-        bound = "input" if shares["data"] > 0.5 else "unknown"
+        # Only the batches' wait (a custom loop's tf.data iterator) or the input wrapper's
+        # loading is timed apart from a compiled step: a wait over half of the step, or
+        # loading (which may overlap it) over LOADING_BOUND of it, is input-bound whatever
+        # the graph holds.
+        limit = LOADING_BOUND if any(r["loader_timed"] for r in ranks) else 0.5
+        bound = "input" if shares["data"] > limit else "unknown"
     else:
         bound = max(BOUNDS, key=lambda b: sum(shares[p] for p in BOUNDS[b]))
     return {
@@ -123,8 +122,9 @@ def advice(bound: str, shares: dict[str, float], slow: dict[str, Any] | None) ->
     out = []
     if bound == "unknown":
         out.append(
-            "the steps ran inside a compiled TensorFlow graph, where data, communication and "
-            "the update cannot be timed apart: profile with model.compile(..., "
+            f"the steps ran inside a compiled TensorFlow graph, where compute, communication "
+            f"and the update cannot be timed apart ({shares['unsplit']:.0%} of the step not "
+            f"split; data {shares['data']:.0%}): profile with model.compile(..., "
             "run_eagerly=True) or KERAS_BACKEND=torch, or a custom loop with "
             "tf.config.run_functions_eagerly(True), to see them (slower, but the shares tell)"
         )
@@ -171,6 +171,7 @@ def advice(bound: str, shares: dict[str, float], slow: dict[str, Any] | None) ->
 
 def build(records: list[dict[str, Any]]) -> dict[str, Any]:
     """``profile.json``'s content from the ranks' records (rank order)."""
+    records = [r if r.get("digested") else digest(r) for r in records]
     records = sorted((r for r in records if r["steps"]), key=lambda r: r["rank"])
     if not records:
         raise ValueError("no rank recorded a step")
@@ -184,27 +185,51 @@ def build(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(profile: dict[str, Any]) -> str:
     """The launcher's closing text: a line per rank, the verdict, the straggler, advice."""
-    head = ["rank", "host", "steps", "step med", "p90", *PHASES]
+    shown = [p for p in PHASES if p != "unsplit" or any(r["phases_ms"][p] for r in
+                                                        profile["ranks"])]  # fmt: skip
+    head = ["rank", "host", "steps", "step med", "p90", *(LABELS[p] for p in shown)]
     rows = [
         [str(r["rank"]), r["host"], str(r["steps"]), f"{r['step_ms']['median']:.1f}",
-         f"{r['step_ms']['p90']:.1f}", *(f"{r['phases_ms'][p]:.1f}" for p in PHASES)]
-        for r in profile["ranks"]
+         f"{r['step_ms']['p90']:.1f}", *(f"{r['phases_ms'][p]:.1f}" for p in shown)]
+        for r in _listed(profile["ranks"])
     ]  # fmt: skip
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True))
              for row in [head, *rows]]  # fmt: skip
     v = profile["verdict"]
-    shares = ", ".join(f"{p} {v['shares'][p]:.0%}" for p in PHASES)
+    if len(rows) < len(profile["ranks"]):
+        lines.append(f"... {len(profile['ranks']) - len(rows)} more ranks in profile.json "
+                     "(listed: the slowest, the median and the fastest)")  # fmt: skip
+    compiled = v["bound"] == "unknown" or any(r["compiled"] for r in profile["ranks"])
+    shares = ", ".join(f"{LABELS[p]} {v['shares'][p]:.0%}" for p in shown
+                       if v["shares"][p] > 0 or not compiled)  # fmt: skip
     slow = v["straggler"]
+    apart = profile["ranks"][0].get("apart_ms", {})
     lines += [
         f"verdict: {v['bound']}-bound ({shares})" if v["bound"] != "unknown" else
-        "verdict: unknown (compiled steps)",
+        f"verdict: unknown (compiled steps: {shares})",
+        *(["between steps, rank 0, whole run: " + ", ".join(
+            f"{k} {ms:.0f} ms" for k, ms in apart.items())] if apart else []),
         "straggler: " + ("none" if slow is None else
                          f"rank {slow['rank']} on {slow['host']}, {slow['slower_by']:.0%} slower"),
         "advice:",
         *(f"  - {item}" for item in v["advice"]),
     ]  # fmt: skip
     return "\n".join(lines)
+
+
+LISTED = 16  # ranks in the console's table and the picture's bars
+
+
+def _listed(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """All the ranks, or past :data:`LISTED`: the slowest, the median one and the fastest
+    (by median step), in rank order."""
+    if len(ranks) <= LISTED:
+        return ranks
+    by_time = sorted(ranks, key=lambda r: r["step_ms"]["median"])
+    keep = {id(r) for r in by_time[-(LISTED - 2) :]}
+    keep |= {id(by_time[0]), id(by_time[len(by_time) // 2])}
+    return [r for r in ranks if id(r) in keep]
 
 
 def load(directory: Path) -> list[dict[str, Any]]:
@@ -221,6 +246,7 @@ def finish(directory: Path, ranks_expected: int) -> str:
             "optimizer step through hvdkit or a Horovod DistributedOptimizer? On several "
             "hosts, DIR must be on a file system they share)"
         )
+    records = [r if r.get("digested") else digest(r) for r in records]
     profile = build(records)
     (directory / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
     from hvdkit.profile import plot

@@ -6,8 +6,9 @@ written for Horovod included, with no change to them.
   times it), the optimizer's update is ``optimizer``, and a step ends with the update, any Keras
   optimizer's (a Horovod script's tape steps a plain one).
 - A **compiled** step (the ``tf.function`` that traced a ``DistributedGradientTape``): each call
-  of it is one step, timed whole (``compiled``), since inside the graph nothing runs in Python
-  per step. The time between calls stays apart: the batches' ``data`` and the script's ``other``.
+  of it is one step, timed whole (``compiled``, its time ``unsplit``), since inside the graph
+  nothing runs in Python per step. The time between calls stays apart: the batches' ``data``
+  and the script's ``other``.
 
 Installed only when profiling, by :func:`hvdkit.profile.recorder.get`, if TensorFlow is imported.
 """
@@ -61,7 +62,7 @@ def install(recorder: Timed) -> Callable[[], None]:
     def timed_call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "_hvdkit_step", False) and tf.executing_eagerly():
             recorder.compiled = True
-            with recorder.phase("compute"):
+            with recorder.phase("unsplit"):  # inside the graph: no clock splits it
                 out = plain_call(self, *args, **kwargs)
             recorder.step_done()
             return out

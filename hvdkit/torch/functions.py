@@ -10,6 +10,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
+from hvdkit import hang
 from hvdkit.launch import direct
 
 
@@ -18,6 +19,7 @@ def init(*args: Any, **kwargs: Any) -> None:
     bare ``mpirun`` started without a launcher Horovod can join stops with the fix, rather
     than train alone as rank 0 of 1 (:mod:`hvdkit.launch.direct`)."""
     direct.check(bool(hvd.mpi_built()))
+    hang.install()  # under hvdkit run: this rank answers the hang doctor
     hvd.init(*args, **kwargs)
 
 

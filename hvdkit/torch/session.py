@@ -463,6 +463,10 @@ class Session:
         size. ``extra`` values are checked here, on every rank: numbers, strings, bytes,
         None, tensors, and lists, tuples and dicts of them; numpy scalars are saved as Python
         numbers; anything else is refused naming its key."""
+        with profile_recorder.phase("checkpoint"):  # under --profile: apart from the steps
+            return self._save(end_of_epoch, extra)
+
+    def _save(self, end_of_epoch: bool, extra: dict[str, Any]) -> Path | None:
         if self.position.micro_step:
             raise ValueError(
                 f"save() after {self.position.micro_step} of the "

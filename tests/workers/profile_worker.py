@@ -48,10 +48,17 @@ def horovod_script() -> None:
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     sampler = DistributedSampler(Slow(), num_replicas=hvd.size(), rank=hvd.rank())
-    for x, y in DataLoader(Slow(), batch_size=16, sampler=sampler):
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
+    held_out = torch.utils.data.Subset(Slow(), range(64))
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in DataLoader(Slow(), batch_size=16, sampler=sampler):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        if epoch == 0:  # a validation loop between the epochs: apart from the steps
+            with torch.no_grad():
+                for x, y in DataLoader(held_out, batch_size=16):
+                    F.cross_entropy(model(x), y)
     report(hvd.rank(), [p.detach().numpy() for p in model.parameters()])
 
 
@@ -74,7 +81,12 @@ def keras_fit() -> None:
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
     session = hvd.setup(model, keras.optimizers.SGD(0.01))
     model.compile(optimizer=session.optimizer, loss="mse", jit_compile=False)
-    session.fit(Slow(), epochs=1, verbose=0)
+    class Held(Slow):
+        def __len__(self):
+            return 4
+
+    # Validation and the epoch's end between the two epochs: apart from the steps.
+    session.fit(Slow(), epochs=2, verbose=0, validation_data=Held())
     report(hvd.rank(), [keras.ops.convert_to_numpy(v) for v in model.weights])
 
 
