@@ -111,7 +111,7 @@ def track_torch() -> None:
 
     for name in SUBMITTERS:
         submit = getattr(mpi_ops, name, None)
-        if submit is not None:
+        if submit is not None and "name" in inspect.signature(submit).parameters:
             kind = name.strip("_").removesuffix("_async").removeprefix("grouped_")
             setattr(mpi_ops, name, _noted(submit, kind))
     _done = done

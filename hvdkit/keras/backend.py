@@ -199,7 +199,7 @@ def init(comm: Any = None, process_sets: Any = None) -> Topology:
     hvd = horovod()
     if not hvd.is_initialized():
         direct.check(bool(hvd.mpi_built()))
-        hang.install(torch=hvd.__name__ == "horovod.torch")  # under hvdkit run: the hang doctor
+        hang.install(torch=getattr(hvd, "__name__", "") == "horovod.torch")  # the hang doctor
         elastic_restart.rejoin()  # a worker restarted at an elastic reset: its new place
         hvd.init(comm=comm, process_sets=process_sets)
     current().after_init(hvd)
