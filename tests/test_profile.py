@@ -46,10 +46,14 @@ def profiled(tmp_path, *command, env=None):
     return out, profile
 
 
-def longest_step_ms(directory: Path) -> float:
-    """The longest measured step of any rank (from the summaries the ranks wrote)."""
-    return max(t for f in directory.glob("rank-*.json")
-               for t in json.loads(f.read_text())["series_ms"])  # fmt: skip
+def assert_validation_in_no_step(directory: Path, batch_ms: float) -> None:
+    """Each rank's time apart is validation's, and no step of that rank holds it: a step that
+    did would last the validation and a batch's wait. (The first step after it may hold a
+    wait for the other rank, whose validation ended later: shorter than validation itself.)"""
+    for f in directory.glob("rank-*.json"):
+        summary = json.loads(f.read_text())
+        validation = summary["apart_ms"]["validation"]
+        assert max(summary["series_ms"]) < validation + 0.75 * batch_ms, summary
 
 
 def test_the_slow_input_example_is_input_bound_and_a_slow_rank_is_named(tmp_path):
@@ -83,9 +87,9 @@ def test_a_horovod_script_is_profiled_with_no_change(tmp_path):
         phases = rank["phases_ms"]
         assert phases["data"] > 0 and phases["communication"] > 0 and phases["optimizer"] > 0
         # The validation loop between the epochs (4 batches of 16 samples of 12 ms: about
-        # 770 ms) is apart, and in no step (a step is about 200 ms).
+        # 770 ms) is apart, and in no step (a step waits about 190 ms for its batch).
         assert rank["apart_ms"]["validation"] > 600, rank
-    assert longest_step_ms(tmp_path) < 500
+    assert_validation_in_no_step(tmp_path, batch_ms=16 * 12)
     assert profile["verdict"]["bound"] == "input"
     assert "between steps, rank 0, whole run: validation" in out.stdout
 
@@ -100,7 +104,7 @@ def test_keras_fit_is_profiled_on_both_backends(tmp_path, backend):
         assert rank["steps"] == 2 * 24 // 2 - 1  # two epochs, less the warm-up step
         # Validation (2 of the 4 held-out batches a rank, 192 ms each) is apart, in no step.
         assert rank["apart_ms"]["validation"] > 300, rank
-    assert longest_step_ms(tmp_path) < 300  # a step waits 192 ms for its batch
+    assert_validation_in_no_step(tmp_path, batch_ms=16 * 12)
     assert profile["verdict"]["bound"] == "input", profile["verdict"]
     if backend == "torch":  # eager steps: every phase is timed
         assert not profile["ranks"][0]["compiled"]
@@ -108,7 +112,8 @@ def test_keras_fit_is_profiled_on_both_backends(tmp_path, backend):
     else:  # one compiled graph per step: its time is "not split" but for the PyDataset's
         # loading, which hvdkit's wrapper times (issue 52: this was "unknown", all compute)
         rank = profile["ranks"][0]
-        assert rank["compiled"] and rank["loader_timed"] and rank["phases_ms"]["compute"] == 0
+        assert rank["compiled"] and rank["loader_timed"]
+        assert profile["verdict"]["shares"]["compute"] < 0.05  # Keras's callbacks between steps
         assert profile["verdict"]["shares"]["data"] > 0.8
         assert "not split" in out.stdout
 

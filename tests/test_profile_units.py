@@ -173,9 +173,21 @@ def test_time_between_training_steps_is_apart_and_in_no_step():
     clock.advance(0.010)
     rec.step_done()
     assert sum(rec.steps[-1]) == pytest.approx(0.010) and rec.apart["validation"] == 6.0
+    # Inside time apart, a batch fetch (Keras's validation on torch: a DataLoader's next) and
+    # an input wrapper's loads are the validation's, not the next step's.
+    with rec.phase("validation"):
+        rec.loading(True)
+        with rec.phase("data"):
+            clock.advance(0.5)
+        rec.loading(False)
+    with rec.phase("unsplit"):
+        clock.advance(0.010)
+    rec.step_done()
+    assert rec.apart["validation"] == 6.5 and rec.steps[-1][0] == 0
+    assert sum(rec.steps[-1]) == pytest.approx(0.010)
     profile = report.build([rec.record(0, "h")])
-    assert profile["ranks"][0]["apart_ms"] == {"validation": 6000.0, "checkpoint": 1000.0}
-    assert "between steps, rank 0, whole run: validation 6000 ms, checkpoint 1000 ms" in (
+    assert profile["ranks"][0]["apart_ms"] == {"validation": 6500.0, "checkpoint": 1000.0}
+    assert "between steps, rank 0, whole run: validation 6500 ms, checkpoint 1000 ms" in (
         report.table(profile)
     )
 

@@ -49,6 +49,7 @@ class Recorder:
         self.apart = dict.fromkeys(APART, 0.0)
         self._sticky: str | None = None  # apart until a training batch or step says otherwise
         self._lock = threading.Lock()  # loaders run in threads of their own
+        self._thread = threading.local()  # each thread's loads: counted or not
         self._loads = 0  # loads running now, in any thread
         self._load_start = 0.0
         self._loaded = 0.0  # seconds some load ran, since the last step's end
@@ -63,7 +64,10 @@ class Recorder:
         if self._mark is None:
             self._origin = self._mark = now
             return
-        phase = self._open[-1] if self._open else self._sticky or _INDEX["compute"]
+        # Time apart (validation, ...) holds everything inside it: a validation's batch
+        # fetches are its own, not a step's data.
+        apart = next((p for p in self._open if isinstance(p, str)), None)
+        phase = apart or (self._open[-1] if self._open else self._sticky or _INDEX["compute"])
         if isinstance(phase, str):
             self.apart[phase] += now - self._mark
         else:
@@ -105,6 +109,16 @@ class Recorder:
         """An input wrapper's load begins or ends, in any thread: the time any load runs is
         counted once, and a compiled step's share of it is ``data``."""
         now = self.clock()
+        counted = getattr(self._thread, "counted", None)
+        if counted is None:
+            counted = self._thread.counted = []
+        if begin:
+            # A validation's loads (while time is apart) are not a step's data.
+            counted.append(not any(isinstance(p, str) for p in self._open))
+            if not counted[-1]:
+                return
+        elif not (counted and counted.pop()):
+            return
         with self._lock:
             if begin:
                 if self._loads == 0:
