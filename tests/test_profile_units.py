@@ -295,3 +295,27 @@ def test_a_long_run_keeps_an_even_sample_in_bounded_memory(monkeypatch):
     # Kept: every stride-th step of the run, in order, each with its own time.
     kept = [round(1000 * sum(s)) for s in rec.steps]
     assert kept == [8, 16, 24, 32, 40][: len(kept)] and kept == sorted(kept)
+
+
+def test_on_a_gpu_each_phase_edge_waits_for_the_device():
+    """Once the process uses CUDA, every edge synchronises first, so a kernel queued in the
+    forward pass is compute, not the allreduce's wait after it (a fake device here: a queue
+    of work the 'synchronize' runs)."""
+    clock = Clock()
+    queued = []
+
+    def synchronize():
+        while queued:
+            clock.advance(queued.pop())
+
+    in_use = [False]
+    rec = Recorder(clock, device_sync=lambda: synchronize if in_use[0] else None)
+    rec.start()
+    in_use[0] = True  # CUDA initialised by the first step
+    queued.append(0.030)  # the forward and backward pass, queued on the GPU
+    with rec.phase("communication"):
+        clock.advance(0.002)
+    rec.step_done()
+    data, compute, comm = rec.steps[0][:3]
+    assert compute == pytest.approx(0.030) and comm == pytest.approx(0.002)
+    assert rec.record(0, "h")["synchronized"]

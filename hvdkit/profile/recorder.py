@@ -7,8 +7,9 @@ to this one's, so the phases add up to it exactly. Time between training steps
 (:data:`~hvdkit.profile.stats.APART`: validation, the epoch's end, a checkpoint, an elastic
 reset) is charged apart and is in no step. A compiled step's time is ``unsplit``, less what
 hvdkit's input wrappers spent loading meanwhile (:meth:`Recorder.loading`), which is ``data``.
-No device is synchronised: on a GPU the host's clock sees an asynchronous backward pass only
-where it waits for it (in ``communication``, which then holds that wait).
+On a GPU (CUDA through torch) each phase's edge waits for the device's queued work, so the
+forward and backward pass is compute, not the next wait; TensorFlow's GPU steps are not
+synchronised.
 
 At exit a rank writes its summary (:func:`hvdkit.profile.stats.digest`), not its steps.
 """
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hvdkit import envvars
 from hvdkit.profile.stats import APART, PHASES, digest
@@ -37,11 +38,21 @@ run in bounded memory."""
 _INDEX = {name: i for i, name in enumerate(PHASES)}
 
 
+SyncFinder = Callable[[], "Callable[[], None] | None"]
+"""Finds the device's synchronisation once the process uses a device (None until then)."""
+
+
 class Recorder:
     """The steps of one process: ``[seconds per phase in PHASES order]`` each."""
 
-    def __init__(self, clock: Any = time.perf_counter) -> None:
+    def __init__(self, clock: Any = time.perf_counter, device_sync: SyncFinder | None = None):
         self.clock = clock
+        # Where the step runs on a GPU, its kernels are asynchronous: each phase's edge waits
+        # for them (CUDA through torch), so the forward and backward pass is charged to
+        # compute, not to the next wait (communication). Found lazily, once CUDA is in use.
+        self._find_sync = device_sync or _cuda_sync
+        self._sync: Callable[[], None] | None = None
+        self.synchronized = False  # whether any edge waited for a device
         self.steps: list[list[float]] = []
         self.ends: list[float] = []  # each step's end, seconds since the first step began
         self._open: list[int | str] = []  # a phase's index, or an APART name
@@ -74,18 +85,27 @@ class Recorder:
             self._current[phase] += now - self._mark
         self._mark = now
 
+    def _now(self) -> float:
+        """The clock at a phase's edge, once the device's queued work is done."""
+        if self._sync is None:
+            self._sync = self._find_sync()
+        if self._sync is not None:
+            self._sync()
+            self.synchronized = True
+        return float(self.clock())
+
     def start(self) -> None:
         """Start the clock, if no phase has yet (the first step begins now)."""
         if self._mark is None:
-            self._charge(self.clock())
+            self._charge(self._now())
 
     def enter(self, phase: str) -> None:
         """Open ``phase`` (one of PHASES, or of APART: time between training steps)."""
-        self._charge(self.clock())
+        self._charge(self._now())
         self._open.append(phase if phase in APART else _INDEX[phase])
 
     def exit(self) -> None:
-        self._charge(self.clock())
+        self._charge(self._now())
         if self._open:
             self._open.pop()
 
@@ -96,13 +116,13 @@ class Recorder:
     def apart_until_training(self, name: str) -> None:
         """From now, what no phase holds is ``name`` (an APART), until :meth:`training`
         or the next step's end: a validation loop seen by its first batch."""
-        self._charge(self.clock())
+        self._charge(self._now())
         self._sticky = name
 
     def training(self) -> None:
         """A training batch is being fetched: the time apart, if any, ends."""
         if self._sticky is not None:
-            self._charge(self.clock())
+            self._charge(self._now())
             self._sticky = None
 
     def loading(self, begin: bool) -> None:
@@ -139,7 +159,7 @@ class Recorder:
 
     def step_done(self) -> None:
         """Close the step that ends now (the next one starts at once)."""
-        now = self.clock()
+        now = self._now()
         self._charge(now)
         self._sticky = None
         with self._lock:
@@ -166,6 +186,7 @@ class Recorder:
         return {"rank": rank, "host": host, "pid": os.getpid(), "phases": list(PHASES),
                 "steps": self.steps, "ends": self.ends, "compiled": self.compiled,
                 "loader_timed": self.loader_timed, "stride": self.stride,
+                "synchronized": self.synchronized,
                 "apart": dict(self.apart)}  # fmt: skip
 
     def write(self, directory: Path, rank: int, host: str) -> Path:
@@ -177,6 +198,15 @@ class Recorder:
         tmp.write_text(json.dumps(digest(self.record(rank, host))))
         os.replace(tmp, path)
         return path
+
+
+def _cuda_sync() -> Callable[[], None] | None:
+    """torch's CUDA synchronisation once this process uses CUDA (else None: asked again at
+    the next edge, cheaply)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():  # a flag: cheap at every edge
+        return None
+    return cast(Callable[[], None], torch.cuda.synchronize)
 
 
 _recorder: Recorder | None = None
