@@ -36,6 +36,7 @@ SUBMITTERS = ("_allreduce_async", "_grouped_allreduce_async", "_allgather_async"
               "_grouped_allgather_async", "_broadcast_async", "_alltoall_async",
               "_reducescatter_async", "_grouped_reducescatter_async")  # fmt: skip
 _started = False
+_stop = threading.Event()  # the running watcher's (each watcher its own)
 _submitted: dict[int, tuple[str, float]] = {}  # handle: (name, when)
 _sent: dict[int, tuple[str, list[int], str]] = {}  # handle: (name, shape, dtype)
 _done: Callable[[int], bool] | None = None  # whether a handle's collective has finished
@@ -65,14 +66,13 @@ def waiting(now: float) -> list[tuple[str, float]]:
     return out
 
 
-def _watch(directory: Path) -> None:
+def _watch(directory: Path, stopped: threading.Event) -> None:
     from hvdkit import rank_zero
 
     request = directory / REQUEST
     seen = request.stat().st_mtime_ns if request.exists() else 0
     state: Path | None = None
-    while True:
-        time.sleep(POLL_S)
+    while not stopped.wait(POLL_S):
         rank = rank_zero.rank()
         late = [(n, s) for n, s in waiting(time.monotonic()) if s >= WAITED_S]
         if late:
@@ -155,13 +155,37 @@ def _note_mismatch(directory: Path) -> Callable[..., None]:
                 _write(_path(directory, rank_zero.rank(), "sent"), json.dumps(note))
         plain(kind, error, trace)
 
+    hook.hvdkit_hang = True  # type: ignore[attr-defined]
     return hook
+
+
+def untrack() -> None:
+    """Horovod's torch functions as they were (the bench's rounds without the doctor)."""
+    global _done
+    from horovod.torch import mpi_ops
+
+    for name in SUBMITTERS:
+        plain = getattr(getattr(mpi_ops, name, None), "__wrapped__", None)
+        if plain is not None:
+            setattr(mpi_ops, name, plain)
+    _done = None
+    _submitted.clear()
+    _sent.clear()
+
+
+def stop() -> None:
+    """The watcher stopped and the functions untracked; :func:`install` starts them again."""
+    global _started
+    if _started:
+        _stop.set()
+        _started = False
+    untrack()
 
 
 def install(torch: bool = True) -> bool:
     """Start the watcher when ``hvdkit run`` asked for it (once per process); ``torch``:
     note Horovod's torch collectives too."""
-    global _started
+    global _started, _stop
     directory = os.environ.get(envvars.HANG_DIR)
     if not directory:
         return False
@@ -169,9 +193,10 @@ def install(torch: bool = True) -> bool:
         track_torch()
     if _started:
         return True
-    _started = True
-    sys.excepthook = _note_mismatch(Path(directory))
-    watcher = threading.Thread(target=_watch, args=(Path(directory),), name="hvdkit-hang")
+    _started, _stop = True, threading.Event()
+    if not hasattr(sys.excepthook, "hvdkit_hang"):
+        sys.excepthook = _note_mismatch(Path(directory))
+    watcher = threading.Thread(target=_watch, args=(Path(directory), _stop), name="hvdkit-hang")
     watcher.daemon = True
     watcher.start()
     return True

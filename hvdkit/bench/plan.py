@@ -111,6 +111,9 @@ def plan_jobs(config: BenchConfig, available: tuple[Controller, ...]) -> list[Jo
         jobs.append(Job("profile", f"--profile on/off np={max(config.nps)}",
                         "hvdkit.bench.profile_cost", short, max(config.nps),
                         main_controller))  # fmt: skip
+        jobs.append(Job("profile", f"hang doctor on/off np={max(config.nps)}",
+                        "hvdkit.bench.profile_cost", (*short, "--what", "hang"),
+                        max(config.nps), main_controller))  # fmt: skip
     if "allreduce" in config.sections:
         sizes = ",".join(map(str, allreduce_sizes(config.quick)))
         jobs.append(Job("allreduce", "loopback TCP and memcpy", "hvdkit.bench.loopback",

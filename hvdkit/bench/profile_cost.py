@@ -1,17 +1,21 @@
-"""What ``hvdkit run --profile`` costs: ``python -m hvdkit.bench.profile_cost`` under a launcher.
+"""What ``hvdkit run --profile`` and the hang doctor cost: ``python -m
+hvdkit.bench.profile_cost [--what hang]`` under a launcher.
 
 A Horovod-style torch loop (hvdkit's drop-in ``DistributedOptimizer``, a ``DataLoader``) with
-the profiler's hooks on and off in alternating rounds of one run, on the same model and
-optimizer (the hooks are put on and taken off between rounds). Prints
-the median of the per-round throughput ratios (on / off), each round's rate at its median
-step; the target is >= 0.99.
+the profiler's hooks (``--what hang``: the hang doctor's rank side, :mod:`hvdkit.hang`, which
+every ``hvdkit run`` job has unless ``--stall-timeout 0``) on and off in alternating rounds of
+one run, on the same model and optimizer (put on and taken off between rounds). Prints the
+median of the per-round throughput ratios (on / off), each round's rate at its median step;
+the target is >= 0.99.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -21,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20, help="per round")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--what", choices=("profile", "hang"), default="profile")
     args = parser.parse_args(argv)
 
     import torch
@@ -28,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import hvdkit.torch as hvd
+    from hvdkit import envvars, hang
     from hvdkit.bench.worker import emit, round_rate
     from hvdkit.devices import cores_per_process
     from hvdkit.models import cnn
@@ -69,8 +75,18 @@ def main(argv: list[str] | None = None) -> None:
 
         return undo
 
+    def doctor_on() -> Any:
+        """The hang doctor's rank side (noting each collective, the watcher thread)."""
+        hang.install()
+        return hang.stop
+
+    if args.what == "hang":
+        os.environ[envvars.HANG_DIR] = tempfile.mkdtemp(prefix="hvdkit-bench-hang-")
+        hang.stop()  # off until a round puts it on (hvdkit run's ranks start with it)
+
     def timed_round(profiled: bool) -> float:
-        undo = hooks_on() if profiled else (lambda: None)
+        on = doctor_on if args.what == "hang" else hooks_on
+        undo = on() if profiled else (lambda: None)
         try:
             hvd.allreduce(torch.zeros(1), name="bench.barrier")
             # Each step from one batch's arrival to the next's, so the loader's (profiled)
@@ -93,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         rates = {profiled: timed_round(profiled) for profiled in order}
         ratios.append(rates[True] / rates[False])
     if hvd.rank() == 0:
-        emit({"ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps,
+        emit({"ranks": hvd.size(), "rounds": args.rounds, "steps": args.steps, "what": args.what,
               "ratio": statistics.median(ratios), "recorded": len(recorder.steps)})  # fmt: skip
 
 

@@ -23,6 +23,7 @@ TARGETS = {
     "busbw_vs_loopback": 0.5,
     "gpu_adapter_vs_plain": 0.99,
     "profile_on_vs_off": 0.99,
+    "hang_on_vs_off": 0.99,
     # ZeRO-1 (issue 41): the state is 1/N of the plain one (plain / (N x sharded)), and the
     # step costs at most 5% more.
     "sharded_state_vs_plain": 0.99,
@@ -226,6 +227,9 @@ def targets(summary: dict) -> list[dict]:
     if "profile" in summary:
         add(f"throughput with --profile / without, np={summary['profile']['ranks']}",
             "profile_on_vs_off", summary["profile"]["on_vs_off"])  # fmt: skip
+    if "hang" in summary:
+        add(f"throughput with the hang doctor / without, np={summary['hang']['ranks']}",
+            "hang_on_vs_off", summary["hang"]["on_vs_off"])  # fmt: skip
     large = summary.get("allreduce", {}).get("large_message")
     if large:
         add(f"peak busbw / peak loopback TCP, messages >= {metrics.human_bytes(LARGE)} "
@@ -247,10 +251,10 @@ def summarize(records: list[dict]) -> dict:
         summary["keras"] = _keras(by_section["keras"])
     if by_section["pipeline"]:
         summary["pipeline"] = _pipeline(by_section["pipeline"])
-    if by_section["profile"]:
-        res = by_section["profile"][-1]["result"]
-        summary["profile"] = {"ranks": res["ranks"], "rounds": res["rounds"],
-                              "on_vs_off": res["ratio"]}  # fmt: skip
+    for record in by_section["profile"]:  # --profile's cost, and the hang doctor's
+        res = record["result"]
+        summary[res.get("what", "profile")] = {"ranks": res["ranks"], "rounds": res["rounds"],
+                                               "on_vs_off": res["ratio"]}  # fmt: skip
     if by_section["memory"]:
         summary["memory"] = _memory(by_section["memory"])
     summary["targets"] = targets(summary)
@@ -506,12 +510,13 @@ def table(summary: dict) -> str:
         lines.append(f"  {'memory':>8}" + "".join(f"{c:>20}" for c in cols))
         for gib, row in mem["largest_model_b"].items():
             lines.append(f"  {gib:>8}" + "".join(f"{row[c]:>20.2f}" for c in cols))
-    prof = summary.get("profile")
-    if prof:
-        lines.append("")
-        lines.append(f"hvdkit run --profile: throughput with / without its hooks, median of "
-                     f"{prof['rounds']} alternating rounds, np={prof['ranks']}: "
-                     f"{prof['on_vs_off']:.3f}")  # fmt: skip
+    for key, what in (("profile", "hvdkit run --profile"), ("hang", "the hang doctor")):
+        prof = summary.get(key)
+        if prof:
+            lines.append("")
+            lines.append(f"{what}: throughput with / without its hooks, median of "
+                         f"{prof['rounds']} alternating rounds, np={prof['ranks']}: "
+                         f"{prof['on_vs_off']:.3f}")  # fmt: skip
     if summary.get("targets"):
         lines.append("")
         lines.append("Targets")
