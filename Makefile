@@ -161,6 +161,10 @@ docs-figures: setup
 	  examples/pytorch_slow_input.py --workers 2
 	cp $(FIGURES_TMP)/before/profile.png $(FIGURES)/profile-slow-input-before.png
 	cp $(FIGURES_TMP)/after/profile.png $(FIGURES)/profile-slow-input-after.png
+	for backend in torch tensorflow; do KERAS_BACKEND=$$backend $(BIN)/hvdkit run -np 2 --gloo \
+	  --profile $(FIGURES_TMP)/keras-$$backend -- $(BIN)/python tests/workers/profile_worker.py \
+	  keras-fit && cp $(FIGURES_TMP)/keras-$$backend/profile.png \
+	  $(FIGURES)/profile-keras-$$backend.png || exit 1; done
 	$(BIN)/hvdkit bench --quick --only allreduce,training --no-progress --plots $(FIGURES_TMP)/bench
 	cp $(FIGURES_TMP)/bench/allreduce_busbw.png $(FIGURES_TMP)/bench/throughput_vs_ranks.png $(FIGURES)/
 	$(BIN)/hvdkit bench --only memory --no-progress --plots $(FIGURES_TMP)/memory

@@ -137,6 +137,11 @@ BUDGETED: dict[str, float] = {
     # doctor's full local run: the image build's gate runs the same checks and fails the build
     # on any FAIL; the ssh test runs it across hosts; the matrix cell runs it on its stack.
     "test_doctor.py::test_doctor_passes_with_allreduce_for_both_frameworks_and_controllers": 40,
+    # Issue 52 (2026-11-28): the hang doctor's stall cases and a shape mismatch run in the
+    # core; the dtype twin, the pause that goes on (two jobs) and the host killed over ssh.
+    "test_hang.py::test_a_mismatched_tensor_is_named_with_every_ranks_shape[dtypes]": 10,
+    "test_hang.py::test_a_pause_is_reported_and_the_job_goes_on_as_it_would_have": 30,
+    "test_launch_ssh.py::test_a_host_killed_under_a_static_launch_is_named": 40,
     # Issue 49 (2026-11-28): the generated elastic kill; the Keras and torch slices run in the
     # core (a Keras backend's slice in the job of its named regressions).
     "test_torch_scenarios.py::test_generated_elastic_kills_train_like_one_process[0]": 30,

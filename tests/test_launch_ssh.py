@@ -156,6 +156,34 @@ def test_elastic_kill_across_two_ssh_hosts(two_hosts, capsys):
         )
 
 
+def test_a_host_killed_under_a_static_launch_is_named(two_hosts):
+    """(f) of the hang doctor's faults: mid-run, every process of the second host (its
+    sshd, the rank) is SIGKILLed, as a host's loss takes them. The job ends (no hang: the
+    survivor's collective fails) and the failure names the host and its rank."""
+    hostfile = str(two_hosts.hostfile())
+    _, second = two_hosts.hosts.values()
+    marker = two_hosts.tmp / "step2"
+    proc = two_hosts.start_in_launcher(
+        [HVDKIT, "run", "--hostfile", hostfile, "--stall-timeout", "10", "--", sys.executable,
+         str(WORKERS / "hang_worker.py"), "long", str(marker)]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert marker.exists(), "the job did not reach its third step"
+        ns = list(two_hosts.hosts)[1]
+        for pid in two_hosts._pids(ns):
+            os.kill(pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    named = [ln for ln in stderr.splitlines() if ln.startswith("hvdkit run:")]
+    assert any(second in ln and "rank 1" in ln for ln in named), stderr[-3000:]
+
+
 @pytest.mark.parametrize("scheduler", ["PBS", "MPIJob"])
 def test_a_schedulers_host_file_gives_the_hosts(two_hosts, scheduler):
     """Inside a PBS job (PBS_NODEFILE: one line per slot) or a Kubeflow MPIJob's launcher

@@ -6,13 +6,17 @@
 - ``data``: rank 1's data set never returns its third batch (``slow``: returns it 8 s late);
 - ``lock``: rank 1 waits at its third step on a lock another thread never releases;
 - ``names``: the ranks average a metric under names of their own (``metric.0``, ``metric.1``);
-- ``shapes``, ``dtypes``: the ranks average one tensor in shapes (dtypes) of their own.
+- ``shapes``, ``dtypes``: the ranks average one tensor in shapes (dtypes) of their own;
+- ``killed``: rank 1 is SIGKILLed at its third step; ``long``: 60 steps of 0.25 s, a file
+  (argv[2]) made at the third, for a test to take a host away.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -32,7 +36,7 @@ class Samples(Dataset):
         self.rank = rank
 
     def __len__(self) -> int:
-        return 8 * (BATCHES - (CASE == "fewer" and self.rank == 1))
+        return 8 * (60 if CASE == "long" else BATCHES - (CASE == "fewer" and self.rank == 1))
 
     def __getitem__(self, i: int):
         if CASE in ("data", "slow") and self.rank == 1 and i == 16:
@@ -57,6 +61,12 @@ def main() -> None:
     for step, (x, y) in enumerate(DataLoader(Samples(rank), batch_size=8)):
         if CASE == "lock" and rank == 1 and step == 2:
             held.acquire()  # waits for ever
+        if CASE == "killed" and rank == 1 and step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a host's loss takes its ranks
+        if CASE == "long":  # a job long enough to lose a host in (marker: step 2 reached)
+            time.sleep(0.25)
+            if step == 2 and len(sys.argv) > 2:
+                open(sys.argv[2], "a").close()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
