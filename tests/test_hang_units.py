@@ -8,6 +8,8 @@ import tempfile
 import threading
 import time
 
+import pytest
+
 from hvdkit.launch import stall
 from hvdkit.launch.hang_doctor import HangConfig
 
@@ -127,3 +129,34 @@ def test_the_doctors_settings():
     env = config.env(tempfile.gettempdir())
     assert "HOROVOD_STALL_CHECK_TIME_SECONDS=15" in env and any("HVDKIT_HANG_DIR=" in e for e in env)
     assert HangConfig(timeout=0).env(tempfile.gettempdir()) == []
+
+
+def test_the_launcher_reports_once_from_the_ranks_notes(tmp_path, monkeypatch):
+    """The launcher's side on notes written as a rank writes them: rank 0 has waited in
+    allreduce.x past the timeout, rank 1 has no note (in no collective) and sends no stack.
+    One report, naming both; the next poll of the same stall says nothing more."""
+    import json
+    import os
+
+    from hvdkit.launch import hang_doctor
+
+    monkeypatch.setattr(hang_doctor, "STACK_WAIT_S", 0.3)
+    said: list[str] = []
+    doctor = hang_doctor.Doctor(HangConfig(timeout=2), tmp_path, {0: "a", 1: "b"},
+                                say=said.append)  # fmt: skip
+    (tmp_path / "rank-0.a.1.state").write_text(
+        json.dumps({"rank": 0, "waiting": [["allreduce.x", 2.5]]}))
+    assert doctor.notes() == {0: [("allreduce.x", pytest.approx(2.5, abs=0.5))]}
+    stale = tmp_path / "rank-1.b.2.state"  # a note not rewritten for 3 s: that wait ended
+    stale.write_text(json.dumps({"rank": 1, "waiting": [["allreduce.y", 9.0]]}))
+    os.utime(stale, (0, 0))
+    assert set(doctor.notes()) == {0}
+    doctor.start()
+    time.sleep(2.0)
+    doctor.close()
+    assert len(said) == 1, said
+    report = said[0]
+    assert "rank 0 (a) waits in: allreduce.x" in report
+    assert "rank 1 (b) has not submitted: allreduce.x" in report
+    assert "rank 1 sent no stack" in report and "still waiting" in report
+    assert (tmp_path / "request").exists()  # the ranks were asked for their stacks
