@@ -142,6 +142,7 @@ BUDGETED: dict[str, float] = {
     "test_hang.py::test_a_mismatched_tensor_is_named_with_every_ranks_shape[dtypes]": 10,
     "test_hang.py::test_a_pause_is_reported_and_the_job_goes_on_as_it_would_have": 30,
     "test_launch_ssh.py::test_a_host_killed_under_a_static_launch_is_named": 40,
+    "test_profile.py::test_keras_fit_on_tensorflow_over_a_generator_times_its_loading": 25,
     # Issue 49 (2026-11-28): the generated elastic kill; the Keras and torch slices run in the
     # core (a Keras backend's slice in the job of its named regressions).
     "test_torch_scenarios.py::test_generated_elastic_kills_train_like_one_process[0]": 30,

@@ -118,6 +118,18 @@ def test_keras_fit_is_profiled_on_both_backends(tmp_path, backend):
         assert "not split" in out.stdout
 
 
+def test_keras_fit_on_tensorflow_over_a_generator_times_its_loading(tmp_path):
+    """Compiled Keras-TF fit over a Python generator (each rank takes items rank, rank +
+    size, ...): hvdkit's wrapper times each item's load, so the verdict is input-bound."""
+    out, profile = profiled(tmp_path, str(WORKERS / "profile_worker.py"), "keras-fit",
+                            "generator", env={"KERAS_BACKEND": "tensorflow"})  # fmt: skip
+    r = results(out)
+    assert r[0]["digest"] == r[1]["digest"]
+    rank = profile["ranks"][0]
+    assert rank["compiled"] and rank["loader_timed"], rank
+    assert profile["verdict"]["bound"] == "input", profile["verdict"]
+
+
 def test_a_tensorflow_custom_loop_is_profiled_compiled_and_eager(tmp_path):
     """Horovod's TF2 example's shape through the drop-in module: a tf.function step over a
     DistributedGradientTape and a plain Keras optimizer, its batches from a slow tf.data

@@ -42,7 +42,7 @@ shards ``tf.data`` pipelines, :mod:`hvdkit.keras.torch_loader` torch loaders, an
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +173,19 @@ def shard_input(
             "takes items rank, rank + size, ... of its own generator, so make every rank's "
             "generator yield the same items"
         )
-    return Sharded(balanced(x, rank, size), None, kwargs, kind=kind)
+    return Sharded(balanced(_timed(x), rank, size), None, kwargs, kind=kind)
+
+
+def _timed(items: Iterable[Any]) -> Iterator[Any]:
+    """``items``, each ``next`` a load under ``--profile`` (a compiled step's data)."""
+    iterator = iter(items)
+    while True:
+        with profiling.loading():
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+        yield item
 
 
 # --- arrays -------------------------------------------------------------------------------

@@ -262,6 +262,14 @@ def time_data_loaders(recorder: Recorder) -> Callable[[], None]:
     import torch
 
     def timed_next(self: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            # Fetched for a compiled step by another thread (Keras-TF's input pipeline): its
+            # loading, not a phase of the step's thread.
+            recorder.loading(True)
+            try:
+                return plain_next(self)
+            finally:
+                recorder.loading(False)
         # A batch fetched with gradients off is a validation (or test) loop's: what follows
         # is apart from the steps until a training batch, or a step, ends it.
         if torch.is_grad_enabled():
