@@ -57,18 +57,21 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
         assert set(summary["keras"][backend]["samples_per_s"]) == {"1", "2"}
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
     assert 0.5 < summary["profile"]["on_vs_off"] < 2  # a ratio of two real rates
+    assert 0.5 < summary["hang"]["on_vs_off"] < 2  # the hang doctor's, the same way
     memory = summary["memory"]["by_np"]["2"]
     assert memory["state_vs_plain"] == pytest.approx(1.0, abs=0.01)  # Adam's state: 1/N
     assert memory["sharded"]["state_bytes"] < memory["plain"]["state_bytes"]
     assert set(summary["memory"]["predicted_ms"]) == {"8", "16", "32", "64", "128", "256", "512"}
     # 2 models x (hvdkit/horovod at np=1 and 2, DDP, bound), 3 Keras backends and the TF
-    # custom loop at np=1 and 2, 1 bandwidth, --profile's cost, ZeRO-1's speed at np=2 and its
+    # custom loop at np=1 and 2, 1 bandwidth, --profile's and the hang doctor's costs, ZeRO-1's
+    # speed at np=2 and its
     # state and peak saving at np=2 and 4, ZeRO-2's peak saving at np=2 and 4; and the adapter
     # against the plain loop on a GPU
-    assert len(summary["targets"]) == 25 + doc["config"]["gpu"]
+    assert len(summary["targets"]) == 26 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
                     "Keras custom loop, DistributedGradientTape, backend tensorflow",
-                    "Input pipeline", "hvdkit run --profile: throughput", "Memory, Adam",
+                    "Input pipeline", "hvdkit run --profile: throughput",
+                    "the hang doctor: throughput", "Memory, Adam",
                     "largest model with Adam", "Targets"):  # fmt: skip
         assert heading in out.stdout
     for png in ("allreduce_busbw.png", "throughput_vs_ranks.png", "memory.png"):

@@ -200,6 +200,26 @@ def test_failed_rank_is_named_with_host_and_stderr_tail():
     assert "boom on rank zero" in failure_message(mpi, {0: "a"}, 1)
 
 
+def test_a_host_lost_during_the_run_is_named_with_its_ranks():
+    """Open MPI's and ssh's words for a host that went away mid-run (seen 2026-11-28 when
+    every process of an ssh test host was SIGKILLed): the host and its rank are the cause,
+    not the survivor whose collective failed after."""
+    lost = (
+        "ORTE has lost communication with a remote daemon.\n"
+        "  HNP daemon   : [[28587,0],0] on node vm\n"
+        "  Remote daemon: [[28587,0],2] on node 10.77.0.3\n"
+        "Connection to 10.77.0.3 closed by remote host.\n"
+        "[1,0]<stderr>:horovod.common.exceptions.HorovodInternalError: peer disconnected"
+    )
+    out = RankOutput()
+    for line in lost.splitlines():
+        out.feed(line)
+    assert out.lost_hosts() == ["10.77.0.3"]
+    message = failure_message(out, {0: "10.77.0.2", 1: "10.77.0.3"}, 1)
+    assert message.startswith("hvdkit run: lost host 10.77.0.3 (rank 1) during the run")
+    assert "--min-np" in message
+
+
 def test_a_rank_stopped_by_another_ranks_failure_is_not_blamed():
     out = RankOutput()
     for line in [

@@ -15,6 +15,9 @@ _FAILED = re.compile(r"Process name:\s*(?:\[\[\d+,\d+\],(\d+)\]|(\d+))")
 _EXIT = re.compile(r"Exit code:\s*(-?\d+)")
 _GLOO_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 _UNREACHABLE = re.compile(r"^ssh not successful for host (\S+):$")
+# A host lost during the run: Open MPI's daemon there, or the ssh connection to it.
+_LOST = (re.compile(r"Remote daemon: \S+ on node (\S+)"),
+         re.compile(r"^Connection to (\S+) closed by remote host"))  # fmt: skip
 # What a rank says when it stops only because another rank failed first.
 SECONDARY = ("Horovod has been shut down", "HorovodInternalError")
 
@@ -83,6 +86,17 @@ class RankOutput:
                 found[match.group(1)] = _reason(lines[i + 1 :]) or "no reason given"
         return found
 
+    def lost_hosts(self) -> list[str]:
+        """Hosts the launcher lost during the run (Open MPI's ``Remote daemon: ... on node
+        H``, ssh's ``Connection to H closed by remote host``), in the order said."""
+        found: list[str] = []
+        for line in self.launcher:
+            for pattern in _LOST:
+                match = pattern.search(line)
+                if match and match.group(1).rstrip(".") not in found:
+                    found.append(match.group(1).rstrip("."))
+        return found
+
     def tail(self, rank: int, lines: int = 10) -> list[str]:
         return list(self.stderr.get(rank, ()))[-lines:]
 
@@ -110,6 +124,16 @@ def failure_message(
             "names (where they came from is printed above), that sshd runs there and that "
             "this user's key is accepted without a password; `hvdkit doctor --hostfile FILE` "
             "checks each host"
+        )
+    lost = output.lost_hosts()
+    if lost:  # the cause: the other ranks' errors follow from it
+        ranks = {h: sorted(r for r, host in host_of.items() if host == h) for h in lost}
+        said = "; ".join(f"host {h} (rank {', '.join(map(str, ranks[h])) or '?'})" for h in lost)
+        return (
+            f"hvdkit run: lost {said} during the run: the launcher's connection to it closed "
+            "(the host went down, or its processes were killed); the other ranks failed after "
+            "it. Fix: look at that host (its logs, memory, the scheduler); `hvdkit doctor "
+            "--hostfile FILE` checks each host; an elastic job (--min-np) goes on without it"
         )
     failed = output.failed_rank()
     if failed is None:
