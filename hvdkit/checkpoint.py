@@ -21,11 +21,13 @@ class CheckpointError(RuntimeError):
 
 
 @contextlib.contextmanager
-def atomic_path(path: Path | str) -> Iterator[Path]:
+def atomic_path(path: Path | str, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write to (by any library); on success it is
     fsynced and renamed to ``path``, on any error removed, leaving ``path`` untouched. The
     temporary name keeps the suffix, for writers that insist on one (``.keras``,
-    ``.weights.h5``)."""
+    ``.weights.h5``). ``durable=False`` skips the fsyncs and the mode: for notes that other
+    processes read whole while the job runs (the profile's and the hang doctor's), where a
+    power cut does not matter but a half-read file would."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = ".weights.h5" if path.name.endswith(".weights.h5") else path.suffix
@@ -34,15 +36,18 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        # mkstemp makes the file 0600; a checkpoint gets the mode any new file would, so a
-        # group-shared directory (umask 002) stays shared.
-        os.chmod(tmp, 0o666 & ~_umask())
+        if durable:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            # mkstemp makes the file 0600; a checkpoint gets the mode any new file would, so
+            # a group-shared directory (umask 002) stays shared.
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     # The rename itself must reach the disk too, or a power cut can undo it.
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -62,6 +67,14 @@ def atomic_write(path: Path | str, write: Callable[[BinaryIO], object]) -> Path:
     (see :func:`atomic_path`)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         write(fh)
+    return Path(path)
+
+
+def replace_text(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one whole,
+    never a part (:func:`atomic_path` with ``durable=False``)."""
+    with atomic_path(path, durable=False) as tmp:
+        tmp.write_text(text)
     return Path(path)
 
 

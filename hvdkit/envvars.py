@@ -55,3 +55,7 @@ and writes its summary to ``DIR/rank-N.HOST.PID.json`` at exit (:mod:`hvdkit.pro
 HANG_DIR = "HVDKIT_HANG_DIR"
 """Set by ``hvdkit run`` (its hang doctor, ``--stall-timeout``) for every rank: the folder where
 a rank writes its Python stacks when the launcher asks (:mod:`hvdkit.hang`)."""
+
+LAUNCHER_PID = "HVDKIT_LAUNCHER_PID"
+"""Set by hvdkit's launcher for horovodrun (:mod:`hvdkit.launch.horovodrun`): the process
+whose death stops the job (``hvdkit run``, or the notebook kernel that called hvdkit.run)."""

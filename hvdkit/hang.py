@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdkit import envvars
+from hvdkit.checkpoint import atomic_path, replace_text
 
 POLL_S = 0.5
 WAITED_S = 1.0  # a collective is written down once it has waited this long
@@ -44,12 +45,6 @@ _done: Callable[[int], bool] | None = None  # whether a handle's collective has 
 
 def _path(directory: Path, rank: int, suffix: str) -> Path:
     return directory / f"rank-{rank}.{socket.gethostname()}.{os.getpid()}.{suffix}"
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def waiting(now: float) -> list[tuple[str, float]]:
@@ -77,7 +72,7 @@ def _watch(directory: Path, stopped: threading.Event) -> None:
         late = [(n, s) for n, s in waiting(time.monotonic()) if s >= WAITED_S]
         if late:
             state = _path(directory, rank, "state")
-            _write(state, json.dumps({"rank": rank, "waiting": late}))
+            replace_text(state, json.dumps({"rank": rank, "waiting": late}))
         elif state is not None:
             state.unlink(missing_ok=True)
             state = None
@@ -88,9 +83,8 @@ def _watch(directory: Path, stopped: threading.Event) -> None:
         if asked != seen:
             seen = asked
             path = _path(directory, rank, "stacks")
-            with open(path.with_suffix(".tmp"), "w") as out:
+            with atomic_path(path, durable=False) as tmp, open(tmp, "w") as out:
                 faulthandler.dump_traceback(file=out, all_threads=True)
-            os.replace(path.with_suffix(".tmp"), path)
 
 
 def track_torch() -> None:
@@ -152,7 +146,7 @@ def _note_mismatch(directory: Path) -> Callable[..., None]:
             if finished:
                 name, shape, dtype = _sent[finished[-1]]
                 note = {"rank": rank_zero.rank(), "name": name, "shape": shape, "dtype": dtype}
-                _write(_path(directory, rank_zero.rank(), "sent"), json.dumps(note))
+                replace_text(_path(directory, rank_zero.rank(), "sent"), json.dumps(note))
         plain(kind, error, trace)
 
     hook.hvdkit_hang = True  # type: ignore[attr-defined]

@@ -18,13 +18,16 @@ venvs live under ``--workdir`` and are made afresh for every run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +183,18 @@ def check_result(check: tuple[str, ...], by_rank: dict[int, dict]) -> str | None
     return None
 
 
+@contextlib.contextmanager
+def installing(cell: str) -> Iterator[None]:
+    """Held while a cell's venv is installed and its Horovod built. CI prepares the CI cell
+    in the background at the lowest priority (``--prepare``, from ``.ci/run``), filling the
+    cores the other tests leave idle; the test then waits for it and finds pip's downloads
+    and the Horovod wheel cached, rather than compiling the same wheel beside it."""
+    path = Path(tempfile.gettempdir()) / f"hvdkit-matrix-{cell}.lock"
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the test's own timeout bounds the wait
+        yield
+
+
 class Runner:
     """Runs cells: one venv each under ``workdir``, commands logged to ``<cell>.log``."""
 
@@ -201,15 +216,21 @@ class Runner:
             fh.write(out.stdout + out.stderr + f"\n(exit {out.returncode})\n")
         return out
 
-    def run(self, cell: Cell) -> Row:
+    def run(self, cell: Cell, prepare_only: bool = False) -> Row:
         row = Row(cell.name)
         try:
-            self._cell(cell, row)
+            with installing(cell.name):
+                env = self._install(cell, row)
+            if not prepare_only:
+                self._check(cell, row, env)
         except RuntimeError as exc:
             row.error = str(exc)
+        row.ok = row.ok or (prepare_only and not row.error)
         return row
 
-    def _cell(self, cell: Cell, row: Row) -> None:
+    def _install(self, cell: Cell, row: Row) -> dict[str, str]:
+        """The venv, the packages, hvdkit's wheel and the Horovod build; the environment the
+        cell's commands run in."""
         python = find_python(cell.python)
         if python is None:
             raise RuntimeError(f"no python{cell.python} (install it, e.g. pyenv install)")
@@ -246,7 +267,11 @@ class Runner:
         how = "cached" if "Reusing cached wheel" in out.stdout else "compiled"
         row.build = f"{how}, {took:.0f} s"
         self.say(f"[{cell.name}] Horovod {row.build}")
+        return env
 
+    def _check(self, cell: Cell, row: Row, env: dict[str, str]) -> None:
+        """``hvdkit doctor`` and the 2-rank checks in the installed cell."""
+        bin_ = self.workdir / cell.name / "bin"
         out = self._run(cell, [str(bin_ / "hvdkit"), "doctor"], env, 900)
         summary = (out.stdout.strip().splitlines() or ["(no output)"])[-1]
         skips = sum(1 for line in out.stdout.splitlines() if line.startswith("SKIP"))
@@ -315,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the cells and stop")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/hvdkit-matrix"))
     parser.add_argument("--no-cache", dest="use_cache", action="store_false")
+    parser.add_argument(
+        "--prepare", action="store_true",
+        help="install and build only, then remove the venvs: fills pip's and hvdkit's caches "
+        "for a later run (.ci/run does this in the background for the CI cell)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.list:
         for cell in CELLS:
@@ -330,9 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cell in cells:
         start = time.monotonic()
-        rows.append(runner.run(cell))
+        rows.append(runner.run(cell, prepare_only=args.prepare))
         mark = "ok" if rows[-1].ok else f"FAILED: {rows[-1].error[:2000]}"
         print(f"[{cell.name}] {time.monotonic() - start:.0f} s in all, {mark}", flush=True)
+        if args.prepare:
+            shutil.rmtree(args.workdir / cell.name, ignore_errors=True)  # GBs of wheels
+    if args.prepare:
+        return 0 if all(r.ok for r in rows) else 1
     table = render(rows)
     stamp = time.strftime("%Y-%m-%d")
     (args.workdir / "matrix.md").write_text(f"Measured {stamp}:\n\n{table}\n")

@@ -13,15 +13,19 @@ import re
 import shutil
 import socket
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from hvdkit import envvars
 from hvdkit.commands import options
 
 if TYPE_CHECKING:
     from hvdkit.launch.elastic import ElasticConfig
+    from hvdkit.launch.hostfile import Host
     from hvdkit.launch.plan import LaunchPlan
+    from hvdkit.launch.runner import View
 
 SAFE_PATH = re.compile(r"^[\w./~+@%:,=-]+$")
 
@@ -118,6 +122,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi")
+    parser.add_argument(
+        "--mpi-args",
+        metavar="ARGS",
+        help="extra arguments for mpirun, one string (horovodrun's flag; MPI jobs only)",
+    )
     options.add_network_interface(parser, "NIC(s) to use, e.g. eth0")
     parser.add_argument(
         "--start-timeout",
@@ -163,9 +172,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_command)
 
 
-def _fail(message: str) -> int:
-    print(f"hvdkit run: {message}", file=sys.stderr)
-    return 2
+class UsageError(ValueError):
+    """What ``hvdkit run`` refuses before it starts anything; the message names the flag and
+    the fix."""
+
+
+def _fail(message: str) -> NoReturn:
+    raise UsageError(message)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What :func:`hvdkit.run` puts into a parsed ``hvdkit run`` in place of a command line:
+    the command each rank runs, variables that reach the ranks privately (from the hosts the
+    job runs on), and which output the console shows."""
+
+    command: tuple[str, ...]
+    env_for: Callable[[list[Host]], tuple[str, ...]]
+    view: View
+    planned: Callable[[LaunchPlan], None] = lambda plan: None
 
 
 def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
@@ -207,6 +232,16 @@ def _elastic_config(args: argparse.Namespace) -> ElasticConfig | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    try:
+        return launch(args)
+    except UsageError as exc:
+        print(f"hvdkit run: {exc}", file=sys.stderr)
+        return 2
+
+
+def launch(args: argparse.Namespace, caller: Caller | None = None) -> int:
+    """``hvdkit run`` with ``args`` parsed; its exit status. Raises :class:`UsageError` for
+    options that cannot make a job."""
     from hvdkit.horovod_build.record import nccl_built
     from hvdkit.launch import runner
     from hvdkit.launch.allocation import detect, gpu_problem
@@ -218,6 +253,8 @@ def run_command(args: argparse.Namespace) -> int:
     from hvdkit.launch.preemption import requeue_problem
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if caller is not None:
+        command = list(caller.command)
     if args.json and not args.dry_run:
         return _fail("--json goes with --dry-run")
     if args.requeue and (problem := requeue_problem(os.environ)):
@@ -285,12 +322,18 @@ def run_command(args: argparse.Namespace) -> int:
             controller=args.controller,
             network_interface=nic,
             start_timeout=args.start_timeout,
-            env=(*args.env, *_profile_env(args.profile), *hang.env(hang_dir)),
+            env=(
+                *args.env,
+                *_profile_env(args.profile),
+                *hang.env(hang_dir),
+                *(caller.env_for(hosts) if caller else ()),
+            ),
             output_dir=args.output_dir,
             verbose=args.verbose,
             ssh_port=args.ssh_port,
             ssh_identity_file=args.ssh_identity_file,
             elastic=elastic,
+            mpi_args=args.mpi_args,
         )
         horovodrun = str(Path(sys.executable).parent / "horovodrun")
         plan = build_plan(
@@ -304,13 +347,15 @@ def run_command(args: argparse.Namespace) -> int:
     problem = _gpu_problem(plan)
     if problem:
         return _fail(problem)
+    if caller is not None:
+        caller.planned(plan)
     _clear_profile(args.profile)
     host_of = {slot.rank: slot.host for slot in plan.ranks}
     doctor = Doctor(hang, hang_dir, host_of) if hang.timeout > 0 else None
     try:
         code = runner.execute(
             plan, output_dir=args.output_dir, verbose=args.verbose, requeue=args.requeue,
-            doctor=doctor,
+            doctor=doctor, **({"view": caller.view} if caller else {}),
         )  # fmt: skip
     finally:
         if doctor is not None:

@@ -22,6 +22,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 
@@ -87,6 +89,26 @@ def _dies_with_parent() -> Callable[[], None] | None:
     return arm
 
 
+ORPHAN_POLL_S = 1.0
+
+
+def _stop_when_orphaned(parent: int, poll: float = ORPHAN_POLL_S) -> None:
+    """Once ``parent`` (hvdkit's launcher: ``hvdkit run``, a notebook's kernel) is gone, stop
+    the job as the launcher's Ctrl-C would: SIGINT to this process group (horovodrun stops
+    its ranks), then SIGTERM, then SIGKILL. The launcher started this process in a session
+    of its own, which its death does not reach; Linux's parent-death signal would need a
+    ``preexec_fn``, unsafe in a kernel's threaded process."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        for sig, grace in ((signal.SIGINT, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+            os.killpg(0, sig)
+            time.sleep(grace)
+
+    threading.Thread(target=watch, name="hvdkit-orphan-watch", daemon=True).start()
+
+
 def _answer_build_checks_from_the_record() -> None:
     """horovodrun asks "built with Gloo? with MPI?" by loading each framework's Horovod
     extension in a new process, TensorFlow's first: seconds per launch, and TensorFlow's
@@ -104,6 +126,9 @@ def _answer_build_checks_from_the_record() -> None:
 
 def main() -> int:
     sys.argv[0] = "horovodrun"
+    launcher = os.environ.pop(envvars.LAUNCHER_PID, "")  # the ranks need not see it
+    if launcher.isdigit():
+        _stop_when_orphaned(int(launcher))
     os.execve = _run_instead_of_exec  # type: ignore[assignment]  # narrower, for horovodrun only
     _answer_build_checks_from_the_record()
     from hvdkit.launch import private_env

@@ -53,6 +53,7 @@ class LaunchConfig:
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     elastic: ElasticConfig | None = None
+    mpi_args: str | None = None  # extra arguments for mpirun (MPI jobs only)
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,14 @@ def build_plan(
         argv += ["--output-filename", config.output_dir]
     if config.verbose:
         argv.append("--verbose")
+    if config.mpi_args and controller != "mpi":
+        raise LaunchError(
+            f"--mpi-args {config.mpi_args!r}: this job runs on Gloo"
+            + (" (elastic jobs always do)" if elastic is not None else "")
+            + ", where mpirun is not used. Fix: add --mpi, or drop --mpi-args"
+        )
+    if config.mpi_args:
+        argv.append(f"--mpi-args={config.mpi_args}")  # a value that starts with "--"
     argv += list(config.command)
     environ = dict(os.environ if environ is None else environ)
     env = forwarded_env(config.env, environ)

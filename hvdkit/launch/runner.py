@@ -13,10 +13,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from hvdkit import preempt
+from hvdkit import envvars, preempt
 from hvdkit.horovod_build.config import CONTROLLERS, Controller
 from hvdkit.launch import hang_doctor, preemption, private_env
 from hvdkit.launch.console import Demux, Piece, is_noise, render
@@ -64,6 +65,17 @@ def _from_files(output: RankOutput, output_dir: str, rank: int) -> None:
             return
 
 
+@dataclass(frozen=True)
+class View:
+    """Which ranks' output the console shows (None: every rank; horovodrun's own lines are
+    always shown, every line is kept for the failure message) and whether progress bars are
+    redrawn in place with a bare ``\r`` where the output is not a terminal (a Jupyter cell
+    draws that; on a terminal they always are)."""
+
+    ranks: frozenset[int] | None = None
+    inline_progress: bool = False
+
+
 class Console:
     """Writes the job's pieces of output as whole lines (:mod:`hvdkit.launch.console`): one
     prefix format, start-up noise dropped unless ``verbose``, progress bars redrawn in place
@@ -71,8 +83,10 @@ class Console:
     ``output`` for the failure message; horovodrun's own closing traceback is held back in
     ``held``, shown only if hvdkit cannot say more plainly which rank failed."""
 
-    def __init__(self, output: RankOutput, verbose: bool, doctor: Doctor | None = None) -> None:
-        self.output, self.verbose, self.doctor = output, verbose, doctor
+    def __init__(
+        self, output: RankOutput, verbose: bool, doctor: Doctor | None = None, view: View = View()
+    ) -> None:
+        self.output, self.verbose, self.doctor, self.view = output, verbose, doctor, view
         self.gpu = Path("/dev/nvidiactl").exists()
         self.held: list[str] = []
         self.summarised = False
@@ -102,19 +116,28 @@ class Console:
         ):
             self.held.append(piece.text + "\n")
             return
+        if piece.rank is not None and self.view.ranks is not None:
+            if piece.rank not in self.view.ranks:
+                return  # kept above for the failure message, not shown
+        terminal = sink.isatty()
         with self._lock:
             if piece.progress:
-                if piece.rank in (None, 0) and sink.isatty():
+                if piece.rank in (None, 0) and terminal:
                     # Keras ends each state with the backspaces of the next: "\r" does it.
                     sink.write("\r" + render(piece).rstrip("\b") + "\x1b[K")
                     sink.flush()
                     self._progress_on = sink
+                elif piece.rank in (None, 0) and self.view.inline_progress:
+                    # A notebook's output drops what a line held before its "\r".
+                    sink.write("\r" + render(piece, terminal=False))
+                    sink.flush()
+                    self._progress_on = sink
                 return
             if self._progress_on is not None:
-                self._progress_on.write("\r\x1b[K")
+                self._progress_on.write("\r\x1b[K" if terminal else "\r")
                 self._progress_on.flush()
                 self._progress_on = None
-            sink.write(render(piece, terminal=sink.isatty()) + "\n")
+            sink.write(render(piece, terminal=terminal) + "\n")
             sink.flush()
 
 
@@ -150,6 +173,7 @@ def execute(
     verbose: bool = False,
     requeue: bool = False,
     doctor: Doctor | None = None,
+    view: View = View(),
 ) -> int:
     """Run the job; returns its exit status (non-zero if any rank failed), after printing
     which rank failed, on which host, with the tail of its stderr. A SIGTERM or SIGUSR1 is
@@ -160,8 +184,11 @@ def execute(
     # environment) as under Gloo; --env's own names still do.
     excluded = set(private_env.leave_out(os.environ))
     env = {k: v for k, v in os.environ.items() if k not in excluded} | plan.env
+    env[envvars.LAUNCHER_PID] = str(os.getpid())
     # Own session: a Ctrl-C reaches hvdkit only, which stops horovodrun in order (the ranks
-    # are stopped by horovodrun and, on other hosts, by their guard).
+    # are stopped by horovodrun and, on other hosts, by their guard). If this process dies
+    # unannounced (a notebook's kernel restarted, hvdkit run killed -9), horovodrun stops
+    # its job itself (hvdkit.launch.horovodrun's watch on its parent).
     proc = subprocess.Popen(
         launcher_argv(plan.argv),
         stdout=subprocess.PIPE,
@@ -170,7 +197,7 @@ def execute(
         env=env,
         start_new_session=True,
     )
-    console = Console(output, verbose, doctor)
+    console = Console(output, verbose, doctor, view)
     if doctor is not None:
         doctor.stop = lambda: stop(proc)
         doctor.start()
@@ -279,6 +306,9 @@ def _signals_handled(warned: _Warning) -> Iterator[None]:
         signal.SIGUSR1: warned,
         signal.SIGHUP: interrupt,
     }
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (hvdkit.run called from a thread)
+        return
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield

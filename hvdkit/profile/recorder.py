@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from hvdkit import envvars
+from hvdkit.checkpoint import replace_text
 from hvdkit.profile.stats import APART, PHASES, digest
 
 MAX_STEPS = 50_000
@@ -194,10 +195,7 @@ class Recorder:
         several processes over the run, each with its file)."""
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"rank-{rank}.{host}.{os.getpid()}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(digest(self.record(rank, host))))
-        os.replace(tmp, path)
-        return path
+        return replace_text(path, json.dumps(digest(self.record(rank, host))))
 
 
 def _cuda_sync() -> Callable[[], None] | None:

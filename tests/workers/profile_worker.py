@@ -22,6 +22,9 @@ def report(rank: int, weights) -> None:
 LATENCY = 0.012  # per sample: 192 ms per batch of 16, so the data phase leads the others by 5x
 # or more with both cores busy (make profile-under-load: at 6 ms the Horovod script's lead was
 # 2.6-5.5x); a sleep, so a loaded CPU does not stretch it
+SCRIPT_LATENCY, SCRIPT_SAMPLES = 0.024, 256  # the Horovod script's: its lead was 4.7x at 12 ms
+# under load (the other rank's jitter lands in communication), so half the batches, each twice
+# as slow, for the same time
 
 
 def horovod_script() -> None:
@@ -33,10 +36,10 @@ def horovod_script() -> None:
 
     class Slow(Dataset):
         def __len__(self):
-            return 512
+            return SCRIPT_SAMPLES
 
         def __getitem__(self, i):
-            time.sleep(LATENCY)
+            time.sleep(SCRIPT_LATENCY)
             return torch.full((8,), float(i % 7)), torch.tensor(i % 3)
 
     hvd.init()
