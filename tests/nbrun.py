@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             start = time.monotonic()
             client.execute_cell(cell, index)
             end = time.monotonic()
+            after = end - stopped["at"] if stopped else None
             cells.append({"code": code, "source": cell.source, "outputs": outputs(cell),
-                          "seconds": end - start,
-                          "after_interrupt_s": end - stopped["at"] if stopped else None})  # fmt: skip
+                          "seconds": end - start, "after_interrupt_s": after})  # fmt: skip
             code += 1
     args.out.write_text(json.dumps(cells, indent=1))
     return 0

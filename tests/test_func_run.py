@@ -112,7 +112,7 @@ def test_a_rank_that_raises_is_named_with_its_traceback_and_the_next_call_works(
     caught = r["caught"]
     assert caught["rank"] == 1 and caught["runtime"]
     assert caught["text"].startswith("rank 1 (host localhost) raised ValueError: rank 1 expected 7")
-    assert 'in shape_check\n' in caught["text"] and "func_task" not in caught["text"]
+    assert "in shape_check\n" in caught["text"] and "func_task" not in caught["text"]
     assert caught["cause"] == "ValueError('rank 1 expected 7')"
     assert r["again"] == [0, 1]
     assert not leftover_ranks()
@@ -213,3 +213,34 @@ def test_a_caller_killed_unannounced_leaves_no_rank(tmp_path, controller):
         assert not leftover_ranks()
     finally:
         caller.kill()
+
+
+def test_the_hang_doctor_names_a_rank_with_one_batch_fewer(tmp_path):
+    """Issue 52's doctor through hvdkit.run: rank 1 leaves its loop a batch early; after
+    ``stall_timeout`` the report says so, ``on_stall="stop"`` ends the job, and the caller
+    gets a RuntimeError that points at the report."""
+    out = script(tmp_path, """
+        def uneven(steps):
+            import torch
+            import hvdkit.torch as hvd
+
+            hvd.init()
+            model = torch.nn.Linear(4, 1)
+            optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                 named_parameters=model.named_parameters())
+            for _ in range(steps - hvd.rank()):  # rank 1: one batch fewer
+                optimizer.zero_grad()
+                model(torch.ones(2, 4)).sum().backward()
+                optimizer.step()
+            return hvd.rank()
+        try:
+            hvdkit.run(uneven, args=(3,), num_proc=2, use_gloo=True, stall_timeout=4,
+                       on_stall="stop")
+        except RuntimeError as error:
+            print("OUT " + json.dumps(str(error)), flush=True)
+    """)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "the hang doctor stopped the job" in record(out)
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("hvdkit run: diagnosis: ")]
+    assert "rank 1 left the training loop" in line and "different numbers of batches" in line
+    assert not leftover_ranks()

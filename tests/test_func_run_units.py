@@ -28,7 +28,8 @@ def test_the_signature_is_horovods():
     assert [p.name for p in positional] == list(theirs)
     for p in positional:
         assert p.default == theirs[p.name].default, p.name
-    assert [p.name for p in ours.values() if p.kind is p.KEYWORD_ONLY] == ["show_ranks"]
+    assert [p.name for p in ours.values() if p.kind is p.KEYWORD_ONLY] == [
+        "show_ranks", "stall_timeout", "on_stall"]  # fmt: skip
     assert hvdkit.run is func_run.run
 
 
@@ -50,13 +51,15 @@ def test_every_keyword_becomes_its_flag(monkeypatch):
                     max_num_proc=6, slots=2, reset_limit=3, cooldown_range=(5, 30),
                     hostfile="hosts.txt", start_timeout=45, ssh_port=2222,
                     ssh_identity_file="/k/id", output_filename="logs", verbose=True,
-                    use_gloo=True, network_interfaces=["eth0", "ib0"], executable="/py")  # fmt: skip
+                    use_gloo=True, network_interfaces=["eth0", "ib0"], executable="/py",
+                    stall_timeout=5, on_stall="stop")  # fmt: skip
     p = seen["parsed"]
     assert (p.np, p.min_np, p.max_np, p.slots_per_host, p.reset_limit) == (4, 2, 6, 2, 3)
     assert p.blacklist_cooldown_range == [5, 30] and p.hostfile == "hosts.txt"
     assert (p.start_timeout, p.ssh_port, p.ssh_identity_file) == (45, 2222, "/k/id")
     assert (p.output_dir, p.verbose, p.controller) == ("logs", True, "gloo")
     assert p.network_interface == "eth0,ib0" and p.command == []
+    assert (p.stall_timeout, p.on_stall) == (5, "stop")
     assert seen["args"] == (1,) and seen["kwargs"] == {"a": 2} and seen["executable"] == "/py"
     assert seen["shown"] == frozenset({0})
 
@@ -87,6 +90,8 @@ def test_deprecated_spellings_warn_and_count(monkeypatch):
         ({"num_proc": True}, r"num_proc=True"),
         ({"cooldown_range": (5, -1)}, r"cooldown_range=-1"),
         ({"slots": "2"}, r"slots='2'"),
+        ({"on_stall": "kill"}, r"on_stall='kill'\): give 'wait' or 'stop'"),
+        ({"stall_timeout": -1}, r"stall_timeout=-1"),
     ],
 )
 def test_horovods_checks_and_each_number_named(monkeypatch, kwargs, message):
@@ -102,7 +107,7 @@ def test_what_hvdkit_run_refuses_is_a_value_error_not_an_exit():
                         "host_discovery_script": "./d"}))  # fmt: skip
 
 
-ARGV_KEYWORDS = [p for p in inspect.signature(_argv).parameters]
+ARGV_KEYWORDS = [n for n, p in inspect.signature(_argv).parameters.items() if p.default is p.empty]
 
 
 def test_addresses_route_first_then_loopback():

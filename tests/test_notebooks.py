@@ -37,7 +37,8 @@ def execute(tmp_path, notebook: Path, *options: str, env=None, prefix=(), timeou
 
 
 def text(cell: dict, stream: str = "stdout") -> str:
-    return "".join(o["text"] for o in cell["outputs"] if o["type"] == "stream" and o["name"] == stream)
+    outputs = cell["outputs"]
+    return "".join(o["text"] for o in outputs if o["type"] == "stream" and o["name"] == stream)
 
 
 def errors(cells: list[dict]) -> list[dict]:
@@ -72,7 +73,8 @@ def test_the_keras_notebook_fits_on_each_backend(tmp_path, backend):
 def notebook(tmp_path, *sources: str) -> Path:
     path = tmp_path / "case.ipynb"
     nb = new_notebook(cells=[new_code_cell(s) for s in sources])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}  # fmt: skip
     nbformat.write(nb, path)
     return path
 

@@ -74,6 +74,8 @@ def _argv(
     use_mpi: bool | None,
     mpi_args: str | None,
     network_interfaces: Iterable[str] | None,
+    stall_timeout: int | None = None,
+    on_stall: str = "wait",
 ) -> list[str]:
     """``hvdkit run``'s arguments for Horovod's keywords (pure). Horovod's own checks first,
     with its messages; each number checked here, named by its keyword."""
@@ -87,7 +89,8 @@ def _argv(
                ("slots", "--slots-per-host", slots, 1),
                ("reset_limit", "--reset-limit", reset_limit, 0),
                ("start_timeout", "--start-timeout", start_timeout, 1),
-               ("ssh_port", "--ssh-port", ssh_port, 1))  # fmt: skip
+               ("ssh_port", "--ssh-port", ssh_port, 1),
+               ("stall_timeout", "--stall-timeout", stall_timeout, 0))  # fmt: skip
     for name, flag, value, least in numbers:
         if value is not None:
             argv += [flag, _whole(name, value, least)]
@@ -105,6 +108,9 @@ def _argv(
         argv += ["--network-interface", ",".join(network_interfaces)]
     if mpi_args:
         argv.append(f"--mpi-args={mpi_args}")
+    if on_stall not in ("wait", "stop"):
+        raise ValueError(f"hvdkit.run(on_stall={on_stall!r}): give 'wait' or 'stop'")
+    argv += ["--on-stall", on_stall]
     argv += ["--gloo"] if use_gloo else ["--mpi"] if use_mpi else []
     argv += ["--verbose"] if verbose else []
     return argv
@@ -160,6 +166,8 @@ def run(
     max_np: int | None = None,
     *,
     show_ranks: Iterable[int] | str = RANK_ZERO_ONLY,
+    stall_timeout: int | None = None,
+    on_stall: str = "wait",
 ) -> list[Any]:
     """Run ``func(*args, **kwargs)`` on ``num_proc`` processes (Horovod's ``horovod.run``,
     0.28.1's signature and keywords) and return each rank's return value, in rank order; an
@@ -169,11 +177,16 @@ def run(
     ``func`` must pickle with cloudpickle (a notebook's functions and lambdas do; a function
     of a module is found by import on the ranks, which start in this process's working
     directory). ``np``, ``min_np``, ``max_np`` and ``network_interface`` are Horovod's
-    deprecated spellings. ``show_ranks``, hvdkit's own: the ranks whose output is shown
-    (default rank 0; ``"all"``); every rank's is kept for the message when one fails.
+    deprecated spellings. hvdkit's own keywords: ``show_ranks``, the ranks whose output is
+    shown (default rank 0; ``"all"``; every rank's is kept for the message when one fails);
+    ``stall_timeout`` and ``on_stall``, the hang doctor's (``hvdkit run --stall-timeout``,
+    ``--on-stall``: after ``stall_timeout`` s (default 60, 0: off) without a collective
+    finishing, it reports who waits, who is missing and where each rank is; then ``"wait"``
+    or ``"stop"``).
 
     Raises :class:`RankError` when a rank's function raised, ``RuntimeError`` when the job
-    failed otherwise (the lines printed above name the rank and host), ``ValueError`` for
+    failed otherwise (the lines printed above name the rank and host) or the hang doctor
+    stopped it, ``ValueError`` for
     arguments that cannot make a job, and ``KeyboardInterrupt`` after an interrupt has stopped
     every rank.
     """
@@ -196,7 +209,8 @@ def run(
         host_discovery_script=host_discovery_script, start_timeout=start_timeout,
         ssh_port=ssh_port, ssh_identity_file=ssh_identity_file,
         output_filename=output_filename, verbose=verbose, use_gloo=use_gloo, use_mpi=use_mpi,
-        mpi_args=mpi_args, network_interfaces=network_interfaces,
+        mpi_args=mpi_args, network_interfaces=network_interfaces, stall_timeout=stall_timeout,
+        on_stall=on_stall,
     ))  # fmt: skip
     shown = None if show_ranks == "all" else frozenset(int(r) for r in show_ranks)
     return _launch(func, tuple(args), dict(kwargs or {}), parsed, executable, shown)
@@ -262,6 +276,8 @@ def _results(
     exception that says why there are none."""
     import cloudpickle
 
+    from hvdkit.launch import hang_doctor
+
     if server.errors:
         failures = []
         for rank in sorted(server.errors):
@@ -276,6 +292,11 @@ def _results(
         raise error from failures[0].exception
     if code == 130:
         raise KeyboardInterrupt("hvdkit.run: interrupted; every rank was stopped")
+    if code == hang_doctor.EXIT_CODE:
+        raise RuntimeError(
+            "hvdkit.run: the hang doctor stopped the job (on_stall='stop'); its report above "
+            "says which ranks waited, which were missing and where each was"
+        )
     if code != 0:
         raise RuntimeError(
             f"hvdkit.run: the job failed (exit status {code}); the lines above name the rank "
