@@ -36,7 +36,7 @@ REQUEST = "request"
 SUBMITTERS = ("_allreduce_async", "_grouped_allreduce_async", "_allgather_async",
               "_grouped_allgather_async", "_broadcast_async", "_alltoall_async",
               "_reducescatter_async", "_grouped_reducescatter_async")  # fmt: skip
-_started = False
+_started: Path | None = None  # the running watcher's folder
 _stop = threading.Event()  # the running watcher's (each watcher its own)
 _submitted: dict[int, tuple[str, float]] = {}  # handle: (name, when)
 _sent: dict[int, tuple[str, list[int], str]] = {}  # handle: (name, shape, dtype)
@@ -132,7 +132,7 @@ def _noted(submit: Callable[..., Any], kind: str) -> Callable[..., Any]:
 MISMATCH = "Mismatched"  # Horovod's error for one tensor of other shapes or dtypes
 
 
-def _note_mismatch(directory: Path) -> Callable[..., None]:
+def _note_mismatch() -> Callable[..., None]:
     """An ``excepthook`` that, before the usual one, writes what this rank sent in the
     collective Horovod refused for a mismatch (its newest finished one): the launcher names
     every rank's shape and dtype in one line."""
@@ -146,7 +146,8 @@ def _note_mismatch(directory: Path) -> Callable[..., None]:
             if finished:
                 name, shape, dtype = _sent[finished[-1]]
                 note = {"rank": rank_zero.rank(), "name": name, "shape": shape, "dtype": dtype}
-                replace_text(_path(directory, rank_zero.rank(), "sent"), json.dumps(note))
+                if _started is not None:  # the folder of the watcher running now
+                    replace_text(_path(_started, rank_zero.rank(), "sent"), json.dumps(note))
         plain(kind, error, trace)
 
     hook.hvdkit_hang = True  # type: ignore[attr-defined]
@@ -170,26 +171,28 @@ def untrack() -> None:
 def stop() -> None:
     """The watcher stopped and the functions untracked; :func:`install` starts them again."""
     global _started
-    if _started:
+    if _started is not None:
         _stop.set()
-        _started = False
+        _started = None
     untrack()
 
 
 def install(torch: bool = True) -> bool:
-    """Start the watcher when ``hvdkit run`` asked for it (once per process); ``torch``:
-    note Horovod's torch collectives too."""
+    """Start the watcher when ``hvdkit run`` asked for it (once per process, or again for
+    another folder: an engine's worker process serves job after job); ``torch``: note
+    Horovod's torch collectives too."""
     global _started, _stop
     directory = os.environ.get(envvars.HANG_DIR)
     if not directory:
         return False
     if torch:
         track_torch()
-    if _started:
+    if _started == Path(directory):
         return True
-    _started, _stop = True, threading.Event()
+    _stop.set()  # an earlier job's watcher, if any
+    _started, _stop = Path(directory), threading.Event()
     if not hasattr(sys.excepthook, "hvdkit_hang"):
-        sys.excepthook = _note_mismatch(Path(directory))
+        sys.excepthook = _note_mismatch()
     watcher = threading.Thread(target=_watch, args=(Path(directory), _stop), name="hvdkit-hang")
     watcher.daemon = True
     watcher.start()

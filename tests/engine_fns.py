@@ -190,3 +190,21 @@ def allreduce_forever(marker_dir: str) -> int:
     while True:
         hvd.allreduce(torch.ones(1), name="spin")
         time.sleep(0.01)
+
+
+def one_batch_fewer(steps: int) -> int:
+    """Rank 1 leaves its training loop a batch early: rank 0 waits in that step's allreduce
+    (the hang doctor's case (a), under an engine)."""
+    import torch
+
+    import hvdkit.torch as hvd
+
+    hvd.init()
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())  # fmt: skip
+    for _ in range(steps - hvd.rank()):
+        optimizer.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+    return hvd.rank()

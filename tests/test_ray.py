@@ -160,6 +160,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_the_hang_doctor_names_a_rank_with_one_batch_fewer(local_ray, monkeypatch, capfd):
+    """Issue 52's doctor under Ray (set by variables: the executor keeps Horovod's
+    signatures): rank 1 leaves its loop early, the report names it, and HVDKIT_ON_STALL=stop
+    stops every rank."""
+    monkeypatch.setenv("HVDKIT_STALL_TIMEOUT", "4")
+    monkeypatch.setenv("HVDKIT_ON_STALL", "stop")
+    executor = RayExecutor(settings(), num_workers=2, cpus_per_worker=1)
+    executor.start()
+    try:
+        with pytest.raises(RuntimeError, match="hang doctor stopped every rank"):
+            executor.run(engine_fns.one_batch_fewer, args=[3])
+    finally:
+        executor.shutdown()
+    err = capfd.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("RayExecutor: diagnosis: ")]
+    assert "rank 1 left the training loop" in line and "different numbers of batches" in line
+    assert "(HVDKIT_STALL_TIMEOUT 4)" in err
+    assert cpus_free() == 2  # every actor gone
+
+
 def test_two_ray_nodes_started_with_ray_start(tmp_path):
     """`ray start --head` and `ray start --address` (one CPU each, this machine): with
     num_hosts=2 each rank is on its own node (a Horovod host of its own), and the example

@@ -108,6 +108,23 @@ def test_a_failing_rank_and_bad_input_end_the_call_at_once(local_spark):
     print(f"[spark] a failing rank ended the call in {failed_in:.1f} s, with its traceback")
 
 
+def test_the_hang_doctor_names_a_rank_with_one_batch_fewer(local_spark, monkeypatch, capfd):
+    """Issue 52's doctor under Spark (set by variables: run() keeps Horovod's signature):
+    rank 1 leaves its loop early, the report names it, and HVDKIT_ON_STALL=stop cancels the
+    job; the next job gets both slots."""
+    monkeypatch.setenv("HVDKIT_STALL_TIMEOUT", "4")
+    monkeypatch.setenv("HVDKIT_ON_STALL", "stop")
+    with pytest.raises(RuntimeError, match="hang doctor cancelled the job"):
+        hvdkit.spark.run(engine_fns.one_batch_fewer, args=(3,), num_proc=2)
+    err = capfd.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("hvdkit.spark.run: diagnosis: ")]
+    assert "rank 1 left the training loop" in line and "different numbers of batches" in line
+    assert "(HVDKIT_STALL_TIMEOUT 4)" in err and "rank 1 (127.0.0.1): " in err
+    monkeypatch.delenv("HVDKIT_ON_STALL")
+    again = hvdkit.spark.run(engine_fns.torch_one_step, num_proc=2)
+    assert [r["rank"] for r in again] == [0, 1]
+
+
 DRIVER_SCRIPT = """
 import json, os, sys
 sys.path.insert(0, {tests!r})

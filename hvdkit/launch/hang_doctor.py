@@ -11,12 +11,14 @@ the wait is the timeout ago, at most half the timeout after it. The reading is p
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +32,15 @@ STACK_WAIT_S = 10.0
 
 @dataclass(frozen=True)
 class HangConfig:
-    """``--stall-timeout S`` (0: off), ``--on-stall``, ``--hang-dir``."""
+    """``--stall-timeout S`` (0: off), ``--on-stall``, ``--hang-dir``; and how the report
+    names its launcher and those two settings (the engines set them by variables)."""
 
     timeout: int = 60
     stop: bool = False
     directory: Path | None = None
+    who: str = "hvdkit run"
+    timeout_flag: str = "--stall-timeout"
+    stop_flag: str = "--on-stall stop"
 
     @property
     def warn_every(self) -> int:
@@ -149,8 +155,10 @@ class Doctor:
         stacks = self._stacks()
         places = {r: (stall.where(stall.main_thread(t)) if t else None) for r, t in
                   stacks.items()}  # fmt: skip
-        lines = [f"hvdkit run: hang doctor: ranks have waited {int(age)} s or more in a "
-                 f"collective for other ranks (--stall-timeout {self.config.timeout})"]  # fmt: skip
+        who = self.config.who
+        lines = [f"{who}: hang doctor: ranks have waited {int(age)} s or more in a "
+                 f"collective for other ranks ({self.config.timeout_flag} "
+                 f"{self.config.timeout})"]  # fmt: skip
         for rank, waited in sorted((waits or {}).items()):
             names = ", ".join(sorted({n for n, _ in waited}))
             lines.append(f"  rank {rank} ({self._host(rank)}) waits in: {names} "
@@ -162,11 +170,12 @@ class Doctor:
             lines.append(f"  rank {rank} ({self._host(rank)}): "
                          + (place.describe() if place else "no stack came back"))  # fmt: skip
         lines.append(f"  (every thread's stack: {self.directory}/rank-*.stacks)")
-        lines.append(f"hvdkit run: diagnosis: {stall.diagnose(found, places, len(self.host_of))}")
+        lines.append(f"{who}: diagnosis: {stall.diagnose(found, places, len(self.host_of))}")
         stopping = self.config.stop and self.stop is not None
-        then = "stopping the job (--on-stall stop)" if stopping else (
-            "still waiting (--on-stall stop ends the job here)")  # fmt: skip
-        lines.append(f"hvdkit run: {then}")
+        flag = self.config.stop_flag
+        then = f"stopping the job ({flag})" if stopping else (
+            f"still waiting ({flag} ends the job here)")  # fmt: skip
+        lines.append(f"{who}: {then}")
         text = "\n".join(lines)
         self.reports.append(text)
         self.say(text)
@@ -188,7 +197,7 @@ class Doctor:
         line = stall.mismatch(notes)
         if line is not None:
             self.reports.append(line)
-            self.say(f"hvdkit run: diagnosis: {line}")
+            self.say(f"{self.config.who}: diagnosis: {line}")
         return line
 
     def _host(self, rank: int) -> str:
@@ -208,3 +217,53 @@ class Doctor:
                     got[int(rank)] = path.read_text(errors="replace")
             time.sleep(0.2)
         return {r: got.get(r) for r in sorted(want)}
+
+
+ENGINE_TIMEOUT = "HVDKIT_STALL_TIMEOUT"
+"""hvdkit.ray's and hvdkit.spark's hang doctor: seconds (default 60; 0: off)."""
+ENGINE_ON_STALL = "HVDKIT_ON_STALL"
+"""hvdkit.ray's and hvdkit.spark's hang doctor: ``wait`` (default) or ``stop``."""
+
+
+def engine_config(who: str, environ: Mapping[str, str] = os.environ) -> HangConfig:
+    """The hang doctor of an engine's ranks (hvdkit.ray, hvdkit.spark), set by
+    :data:`ENGINE_TIMEOUT` and :data:`ENGINE_ON_STALL`: their functions keep Horovod's
+    signatures. The doctor reads the ranks' notes in a folder on this machine, so it sees the
+    ranks that run here (a local cluster)."""
+    raw = environ.get(ENGINE_TIMEOUT, "60")
+    on_stall = environ.get(ENGINE_ON_STALL, "wait")
+    if not raw.isdigit() or on_stall not in ("wait", "stop"):
+        raise ValueError(
+            f"{who}: {ENGINE_TIMEOUT}={raw!r} {ENGINE_ON_STALL}={on_stall!r}: give whole "
+            "seconds (0: no hang doctor) and wait or stop"
+        )
+    return HangConfig(timeout=int(raw), stop=on_stall == "stop", who=who,
+                      timeout_flag=ENGINE_TIMEOUT, stop_flag=f"{ENGINE_ON_STALL}=stop")  # fmt: skip
+
+
+@contextlib.contextmanager
+def watching(
+    config: HangConfig, folder: Path | None, host_of: dict[int, str], stop: Callable[[], object]
+) -> Iterator[Doctor | None]:
+    """A doctor over ``folder``'s notes while the block runs (None without a folder);
+    ``stop`` ends the job for ``--on-stall stop``. ``host_of`` may be filled in as the ranks
+    say where they run."""
+    if folder is None:
+        yield None
+        return
+    doctor = Doctor(config, folder, host_of)
+    doctor.stop = stop
+    doctor.start()
+    try:
+        yield doctor
+    finally:
+        doctor.close()
+
+
+def engine_folder(config: HangConfig) -> tuple[Path | None, dict[str, str]]:
+    """The folder an engine's ranks note in (None when the doctor is off) and the variables
+    they need."""
+    if config.timeout <= 0:
+        return None, {}
+    folder = config.folder()
+    return folder, dict(item.split("=", 1) for item in config.env(folder))

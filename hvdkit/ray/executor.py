@@ -18,15 +18,18 @@ accepted and unused, as in Horovod's non-elastic executor. Elastic training on R
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hvdkit.engines import interpreter, world
 from hvdkit.engines.checks import answers, pickled, require
 from hvdkit.engines.rendezvous import Rendezvous, iface_holding
+from hvdkit.launch import hang_doctor
 
 
 def _ray() -> Any:
@@ -205,6 +208,11 @@ class RayExecutor:
         self._placement_group: Any = None
         self._own_placement_group = False
         self._rendezvous: Rendezvous | None = None
+        # The hang doctor (HVDKIT_STALL_TIMEOUT, HVDKIT_ON_STALL): set at start().
+        self._hang = hang_doctor.engine_config("RayExecutor")
+        self._hang_folder: Path | None = None
+        self._hang_reports: list[str] = []
+        self._hosts: dict[int, str] = {}
 
     # -- start --------------------------------------------------------------------------------
 
@@ -341,9 +349,12 @@ class RayExecutor:
             self._rendezvous = Rendezvous(plan)
             address = ray.util.get_node_ip_address()
             timeout = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(self.settings.timeout_s)}
+            self._hang_folder, hang_env = hang_doctor.engine_folder(self._hang)
+            hosts = self._gather([w.hostname.remote() for w in self.workers])
+            self._hosts = dict(enumerate(hosts))
             self._gather([
                 w.update_env_vars.remote({**slot.env(address, self._rendezvous.port, iface),
-                                          **timeout, **(extra_env_vars or {})})
+                                          **timeout, **hang_env, **(extra_env_vars or {})})
                 for w, slot, iface in zip(self.workers, plan, ifaces, strict=True)
             ])  # fmt: skip
             args = (executable_cls, executable_args, executable_kwargs)
@@ -384,6 +395,31 @@ class RayExecutor:
                 ) from exc
         return results
 
+    def _watched(self, refs: list[Any]) -> list[Any]:
+        """:meth:`_gather` of a function's calls, under the hang doctor: a stall is reported
+        on this process's stderr, and with ``HVDKIT_ON_STALL=stop`` every rank is stopped."""
+        ray = _ray()
+        watch = hang_doctor.watching(self._hang, self._hang_folder, dict(self._hosts),
+                                     lambda: self._stop_for_stall(ray))  # fmt: skip
+        with watch as doctor:
+            try:
+                return self._gather(refs)
+            except WorkerError:
+                if doctor is not None and doctor.stopped:
+                    raise RuntimeError(
+                        "RayExecutor: the hang doctor stopped every rank (HVDKIT_ON_STALL="
+                        "stop); its report above says which ranks waited, which were missing "
+                        "and where each was. Start the executor again to rerun"
+                    ) from None
+                raise
+            finally:
+                if doctor is not None:
+                    self._hang_reports += doctor.reports
+
+    def _stop_for_stall(self, ray: Any) -> None:
+        self._hang_reports.append("stopped")  # the report names the folder: keep its notes
+        self._release(ray)
+
     def _started(self) -> None:
         if not self.workers:
             raise RuntimeError("RayExecutor: call start() first (or again, after a failure)")
@@ -398,7 +434,7 @@ class RayExecutor:
         """``fn(executable)`` on every rank; the results in rank order."""
         self._started()
         self._picklable(fn, fn, "execute")
-        return self._gather([w.execute.remote(fn) for w in self.workers])
+        return self._watched([w.execute.remote(fn) for w in self.workers])
 
     def run(
         self,
@@ -410,7 +446,7 @@ class RayExecutor:
         """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
         self._started()
         self._picklable(fn, (fn, args, kwargs), "run")
-        return self._gather(self.run_remote(fn, args, kwargs))
+        return self._watched(self.run_remote(fn, args, kwargs))
 
     def run_remote(
         self, fn: Callable[..., Any], args: list | None = None, kwargs: dict | None = None
@@ -441,6 +477,9 @@ class RayExecutor:
         if self._rendezvous is not None:
             self._rendezvous.stop()
             self._rendezvous = None
+        if self._hang_folder is not None and not self._hang_reports:
+            shutil.rmtree(self._hang_folder, ignore_errors=True)  # nothing to look at
+        self._hang_folder = None
 
 
 @dataclass

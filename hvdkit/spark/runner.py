@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -23,6 +24,8 @@ from typing import Any
 from hvdkit.engines import interpreter, world
 from hvdkit.engines.checks import answers, pickled, require
 from hvdkit.engines.rendezvous import Rendezvous, iface_holding, put
+from hvdkit.launch import hang_doctor
+from hvdkit.launch.hang_doctor import Doctor
 
 _jobs = itertools.count()
 
@@ -133,8 +136,8 @@ def _task(payload: bytes, driver: str, port: int, scope: str, env: dict[str, str
 
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
-        put(address, scope, f"started_{rank}", True)
         hosts = [info.address.rpartition(":")[0] for info in ctx.getTaskInfos()]
+        put(address, scope, f"started_{rank}", hosts[rank])
         slot = world.plan(hosts, "Spark")[rank]
         iface = nics[0] if nics else iface_holding(slot.host)
         os.environ.update({**slot.env(driver, port, iface), **env})
@@ -217,24 +220,31 @@ def run(
     scope = group.replace(".", "_")
     rendezvous = Rendezvous()
     outcome: dict[str, Any] = {}
+    hang = hang_doctor.engine_config("hvdkit.spark.run")
+    folder, hang_env = hang_doctor.engine_folder(hang)
+    host_of = dict.fromkeys(range(num_proc), "?")
+    with hang_doctor.watching(hang, folder, host_of, lambda: sc.cancelJobGroup(group)) as doctor:
 
-    def collect() -> None:
-        sc.setJobGroup(group, "hvdkit.spark.run", interruptOnCancel=True)
-        task = _task(payload, driver, rendezvous.port, scope, dict(env or {}), nic_list)
-        rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task)
+        def collect() -> None:
+            sc.setJobGroup(group, "hvdkit.spark.run", interruptOnCancel=True)
+            task_env = {**hang_env, **dict(env or {})}
+            task = _task(payload, driver, rendezvous.port, scope, task_env, nic_list)
+            rdd = sc.parallelize(range(num_proc), num_proc).barrier().mapPartitions(task)
+            try:
+                outcome["results"] = rdd.collect()
+            except Exception as exc:  # noqa: BLE001  (re-raised by the caller's thread)
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=collect, name=group, daemon=True)
+        started_at = time.monotonic()
+        thread.start()
         try:
-            outcome["results"] = rdd.collect()
-        except Exception as exc:  # noqa: BLE001  (re-raised by the caller's thread)
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=collect, name=group, daemon=True)
-    started_at = time.monotonic()
-    thread.start()
-    try:
-        return _wait(sc, thread, outcome, rendezvous, scope, group, num_proc, start_timeout,
-                     started_at)  # fmt: skip
-    finally:
-        rendezvous.stop()
+            return _wait(sc, thread, outcome, rendezvous, scope, group, num_proc, start_timeout,
+                         started_at, doctor)  # fmt: skip
+        finally:
+            rendezvous.stop()
+            if folder is not None and not (doctor and doctor.reports):
+                shutil.rmtree(folder, ignore_errors=True)  # nothing to look at: no stall
 
 
 def _failed_rank(rendezvous: Rendezvous, scope: str, num_proc: int) -> tuple[int, str] | None:
@@ -250,7 +260,7 @@ def _failed_rank(rendezvous: Rendezvous, scope: str, num_proc: int) -> tuple[int
 
 def _wait(sc: Any, thread: threading.Thread, outcome: dict[str, Any], rendezvous: Rendezvous,
           scope: str, group: str, num_proc: int, start_timeout: float,
-          started_at: float) -> list[Any]:  # fmt: skip
+          started_at: float, doctor: Doctor | None = None) -> list[Any]:  # fmt: skip
     all_started = False
     while thread.is_alive():
         thread.join(0.5)
@@ -265,10 +275,11 @@ def _wait(sc: Any, thread: threading.Thread, outcome: dict[str, Any], rendezvous
                 f"(on its executor):\n{text}",
             )
         if not all_started:
-            started = sum(
-                1 for r in range(num_proc) if rendezvous.read(scope, f"started_{r}") is not None
-            )
+            hosts = {r: rendezvous.read(scope, f"started_{r}") for r in range(num_proc)}
+            started = sum(1 for host in hosts.values() if host is not None)
             all_started = started == num_proc
+            if doctor is not None:  # where each rank runs, for its report
+                doctor.host_of.update({r: str(h) for r, h in hosts.items() if h is not None})
             if not all_started and time.monotonic() - started_at > start_timeout:
                 sc.cancelJobGroup(group)
                 thread.join(30)
@@ -277,6 +288,11 @@ def _wait(sc: Any, thread: threading.Thread, outcome: dict[str, Any], rendezvous
                     f"start_timeout={start_timeout:g} s. Fix: free executors' cores for "
                     f"{num_proc} tasks at once, or a larger start_timeout"
                 )
+    if doctor is not None and doctor.stopped:
+        raise RuntimeError(
+            "hvdkit.spark.run: the hang doctor cancelled the job (HVDKIT_ON_STALL=stop); its "
+            "report above says which ranks waited, which were missing and where each was"
+        )
     if "error" in outcome:
         failed = _failed_rank(rendezvous, scope, num_proc)
         if failed:
