@@ -142,6 +142,22 @@ def test_bad_arguments_and_a_function_that_cannot_travel_fail_before_any_rank(tm
     assert "cannot be pickled for the ranks" in lock and "lock" in lock
 
 
+def test_a_return_value_that_cannot_travel_back_is_named(tmp_path):
+    out = script(tmp_path, """
+        def make_lock():
+            import threading
+            return threading.Lock()
+        try:
+            hvdkit.run(make_lock, num_proc=2, use_gloo=True)
+        except hvdkit.RankError as error:
+            print("OUT " + json.dumps(str(error).splitlines()[0]), flush=True)
+    """)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert record(out).startswith("rank 0 (host localhost) raised TypeError: the function "
+                                  "returned a lock, which cannot be sent back")  # fmt: skip
+    assert not leftover_ranks()
+
+
 def test_the_elastic_form_returns_the_first_min_num_proc_values(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")

@@ -165,7 +165,7 @@ def run(
     min_np: int | None = None,
     max_np: int | None = None,
     *,
-    show_ranks: Iterable[int] | str = RANK_ZERO_ONLY,
+    show_ranks: int | Iterable[int] | str = RANK_ZERO_ONLY,
     stall_timeout: int | None = None,
     on_stall: str = "wait",
 ) -> list[Any]:
@@ -212,6 +212,8 @@ def run(
         mpi_args=mpi_args, network_interfaces=network_interfaces, stall_timeout=stall_timeout,
         on_stall=on_stall,
     ))  # fmt: skip
+    if isinstance(show_ranks, int):
+        show_ranks = (show_ranks,)
     shown = None if show_ranks == "all" else frozenset(int(r) for r in show_ranks)
     return _launch(func, tuple(args), dict(kwargs or {}), parsed, executable, shown)
 

@@ -81,7 +81,7 @@ def main() -> int:
     base, payload = _server(addrs, key)
     func = cloudpickle.loads(payload)
     try:
-        value = func()
+        body = _returned(func())
     except BaseException as error:
         from hvdkit import rank_zero
 
@@ -93,8 +93,22 @@ def main() -> int:
         raise
     from hvdkit import rank_zero
 
-    _request(base, f"/result/{rank_zero.rank()}", key, cloudpickle.dumps(value))
+    _request(base, f"/result/{rank_zero.rank()}", key, body)
     return 0
+
+
+def _returned(value: Any) -> bytes:
+    """``value`` pickled for the launcher, or a TypeError that says what to return instead."""
+    import cloudpickle
+
+    try:
+        return bytes(cloudpickle.dumps(value))
+    except Exception as exc:
+        raise TypeError(
+            f"the function returned a {type(value).__qualname__}, which cannot be sent back "
+            f"({type(exc).__name__}: {exc}). Fix: return plain data (numbers, lists, dicts, "
+            "numpy arrays, a model's state_dict or get_weights())"
+        ) from exc
 
 
 if __name__ == "__main__":
