@@ -193,8 +193,8 @@ def allreduce_forever(marker_dir: str) -> int:
 
 
 def one_batch_fewer(steps: int) -> int:
-    """Rank 1 leaves its training loop a batch early: rank 0 waits in that step's allreduce
-    (the hang doctor's case (a), under an engine)."""
+    """Rank 1 leaves its training loop a batch early and averages its last loss while rank 0
+    waits in that step's gradients (the hang doctor's case (a), under an engine)."""
     import torch
 
     import hvdkit.torch as hvd
@@ -207,4 +207,5 @@ def one_batch_fewer(steps: int) -> int:
         optimizer.zero_grad()
         model(torch.ones(2, 4)).sum().backward()
         optimizer.step()
+    hvd.allreduce(torch.zeros(()), name="last_loss")  # the loop's end: average a loss
     return hvd.rank()
