@@ -51,7 +51,8 @@ class ProfileCallback(keras.callbacks.Callback):
     """The gap between batches is ``data`` (eager steps); a compiled step, from its batch's
     begin to its end, is ``unsplit`` (less its input wrapper's loading: ``data``). Validation
     and the epoch's end (the other callbacks': put first, this one's ``on_epoch_end`` runs
-    before theirs) are apart from the steps, until the next batch."""
+    before theirs), and what Keras does between the epoch's last batch and them, are apart
+    from the steps, until the next batch."""
 
     def __init__(self, recorder: profile_recorder.Recorder) -> None:
         super().__init__()
@@ -72,7 +73,11 @@ class ProfileCallback(keras.callbacks.Callback):
         self.recorder.start()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._switch(None)
+        # Until the first batch begins, Keras sets the epoch up: eager, it also fetches that
+        # batch (data); compiled, the step fetches it, so this is set-up alone (on TensorFlow
+        # the PyDataset's enqueuer restarts: up to 1.1 s seen, which had landed in the step
+        # as compute), time between steps.
+        self._switch("data" if self._eager_steps() else "epoch end")
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self._switch(None if self._eager_steps() else "unsplit")
@@ -87,12 +92,14 @@ class ProfileCallback(keras.callbacks.Callback):
 
     def on_test_begin(self, logs: dict | None = None) -> None:
         self._switch("validation")
+        self.recorder.reclaim("validation")  # its set-up since the last batch, too
 
     def on_test_end(self, logs: dict | None = None) -> None:
         self._switch("epoch end")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._switch("epoch end")
+        self.recorder.reclaim("epoch end")  # since the last batch, when no validation ran
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._switch(None)
