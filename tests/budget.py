@@ -156,6 +156,7 @@ BUDGETED: dict[str, float] = {
     "test_ray.py::test_the_hang_doctor_names_a_rank_with_one_batch_fewer": 25,
     "test_spark.py::test_the_hang_doctor_names_a_rank_with_one_batch_fewer": 25,
     "test_func_run.py::test_a_caller_killed_unannounced_leaves_no_rank[mpi]": 6,
+    "test_func_run.py::test_a_tensorflow_custom_loop_matches_one_process": 20,
     "test_notebooks.py::test_the_keras_notebook_fits_on_each_backend[torch]": 28,
     "test_notebooks.py::test_the_keras_notebook_fits_on_each_backend[jax]": 37,
     "test_notebooks.py::test_the_resnet_notebook_runs_across_two_ssh_hosts": 44,

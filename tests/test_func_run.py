@@ -261,3 +261,41 @@ def test_the_hang_doctor_names_a_rank_with_one_batch_fewer(tmp_path):
     (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("hvdkit run: diagnosis: ")]
     assert "rank 1 left the training loop" in line and "different numbers of batches" in line
     assert not leftover_ranks()
+
+
+def test_a_tensorflow_custom_loop_matches_one_process(tmp_path):
+    """TensorFlow through hvdkit.run: a DistributedGradientTape step on 2 ranks, each on its
+    half of one global batch, against one process on all of it."""
+    out = script(tmp_path, """
+        def tape_step(rows):
+            import os
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            import numpy as np
+            import tensorflow as tf
+            import hvdkit.tensorflow as hvd
+
+            hvd.init()
+            tf.keras.utils.set_random_seed(0)
+            w = tf.Variable(np.linspace(-1, 1, 12).reshape(4, 3).astype("float32"))
+            rng = np.random.default_rng(1)
+            x = rng.normal(size=(rows, 4)).astype("float32")
+            y = rng.normal(size=(rows, 3)).astype("float32")
+            part = rows // hvd.size()
+            mine = slice(hvd.rank() * part, (hvd.rank() + 1) * part)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(x[mine] @ w - y[mine]))
+            (grad,) = hvd.DistributedGradientTape(tape).gradient(loss, [w])
+            w.assign_sub(0.5 * grad)
+            return {"rank": hvd.rank(), "w": w.numpy().ravel().tolist()}
+
+        two = hvdkit.run(tape_step, args=(8,), num_proc=2, use_gloo=True)
+        one = hvdkit.run(tape_step, args=(8,))
+        print("OUT " + json.dumps({"two": two, "one": one}), flush=True)
+    """)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = record(out)
+    assert [x["rank"] for x in r["two"]] == [0, 1]
+    assert r["two"][0]["w"] == r["two"][1]["w"]
+    assert r["two"][0]["w"] == pytest.approx(r["one"][0]["w"], abs=1e-6)
+    start = [-1 + 2 * i / 11 for i in range(12)]  # the weights before the step: it moved them
+    assert r["two"][0]["w"] != pytest.approx(start, abs=1e-3)
