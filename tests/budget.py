@@ -154,8 +154,8 @@ BUDGETED: dict[str, float] = {
     "test_func_run.py::test_two_ranks_return_in_rank_order_and_match_one_process[mpi]": 11,
     "test_docs.py::test_the_docs_code_runs[notebook-run]": 7,
     # The hang doctor under each engine (issue 52; hvdkit run's cases run in the core).
-    "test_ray.py::test_the_hang_doctor_names_a_rank_with_one_batch_fewer": 25,
-    "test_spark.py::test_the_hang_doctor_names_a_rank_with_one_batch_fewer": 25,
+    "test_ray.py::test_the_hang_doctor_names_a_rank_with_one_batch_fewer": 11,
+    "test_spark.py::test_the_hang_doctor_names_a_rank_with_one_batch_fewer": 16,
     "test_func_run.py::test_a_caller_killed_unannounced_leaves_no_rank[mpi]": 3,
     "test_func_run.py::test_a_tensorflow_custom_loop_matches_one_process": 20,
     "test_notebooks.py::test_the_keras_notebook_fits_on_each_backend[torch]": 24,
