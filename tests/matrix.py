@@ -216,17 +216,36 @@ class Runner:
             fh.write(out.stdout + out.stderr + f"\n(exit {out.returncode})\n")
         return out
 
-    def run(self, cell: Cell, prepare_only: bool = False) -> Row:
+    def run(self, cell: Cell, prepare_only: bool = False, installed: bool = False) -> Row:
+        """The cell's row; ``prepare_only``: install and build, no checks; ``installed``:
+        checks only, in the venv a ``--prepare`` run left under ``workdir``."""
         row = Row(cell.name)
         try:
-            with installing(cell.name):
-                env = self._install(cell, row)
+            if installed:
+                env = self._env(cell)
+            else:
+                with installing(cell.name):
+                    env = self._install(cell, row)
             if not prepare_only:
                 self._check(cell, row, env)
         except RuntimeError as exc:
             row.error = str(exc)
         row.ok = row.ok or (prepare_only and not row.error)
         return row
+
+    def _env(self, cell: Cell) -> dict[str, str]:
+        """The environment the cell's commands run in (its venv first on PATH)."""
+        venv = self.workdir / cell.name
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env.update(cell.env, PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        if cell.keras_backend:
+            env["KERAS_BACKEND"] = cell.keras_backend
+        if cell.lift_cap:
+            empty = self.workdir / "no-constraints.txt"
+            empty.write_text("")
+            env["PIP_CONSTRAINT"] = str(empty)
+        return env
 
     def _install(self, cell: Cell, row: Row) -> dict[str, str]:
         """The venv, the packages, hvdkit's wheel and the Horovod build; the environment the
@@ -237,15 +256,8 @@ class Runner:
         venv = self.workdir / cell.name
         shutil.rmtree(venv, ignore_errors=True)
         (self.workdir / f"{cell.name}.log").unlink(missing_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-        env.update(cell.env, PATH=f"{venv / 'bin'}:{env.get('PATH', '')}")
-        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-        if cell.keras_backend:
-            env["KERAS_BACKEND"] = cell.keras_backend
-        if cell.lift_cap:
-            empty = self.workdir / "no-constraints.txt"
-            empty.write_text("")
-            env["PIP_CONSTRAINT"] = str(empty)
+        (self.workdir / f"{cell.name}.prepared").unlink(missing_ok=True)
+        env = self._env(cell)
         bin_ = venv / "bin"
         start = time.monotonic()
         self._ok(cell, [python, "-m", "venv", str(venv)], env, 120, "venv")
@@ -342,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", dest="use_cache", action="store_false")
     parser.add_argument(
         "--prepare", action="store_true",
-        help="install and build only, then remove the venvs: fills pip's and hvdkit's caches "
-        "for a later run (.ci/run does this in the background for the CI cell)",
+        help="install and build only, marking each venv ready (CELL.prepared): .ci/run does "
+        "this in the background for the CI cell, whose test then runs its checks there",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.list:
@@ -363,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(runner.run(cell, prepare_only=args.prepare))
         mark = "ok" if rows[-1].ok else f"FAILED: {rows[-1].error[:2000]}"
         print(f"[{cell.name}] {time.monotonic() - start:.0f} s in all, {mark}", flush=True)
-        if args.prepare:
-            shutil.rmtree(args.workdir / cell.name, ignore_errors=True)  # GBs of wheels
+        if args.prepare and rows[-1].ok:
+            (args.workdir / f"{cell.name}.prepared").touch()  # what the test looks for
     if args.prepare:
         return 0 if all(r.ok for r in rows) else 1
     table = render(rows)
