@@ -235,24 +235,14 @@ def test_the_hang_doctor_names_a_rank_with_one_batch_fewer(tmp_path):
     """Issue 52's doctor through hvdkit.run: rank 1 leaves its loop a batch early; after
     ``stall_timeout`` the report says so, ``on_stall="stop"`` ends the job, and the caller
     gets a RuntimeError that points at the report."""
-    out = script(tmp_path, """
-        def uneven(steps):
-            import torch
-            import hvdkit.torch as hvd
-
-            hvd.init()
-            model = torch.nn.Linear(4, 1)
-            optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                                 named_parameters=model.named_parameters())
-            for _ in range(steps - hvd.rank()):  # rank 1: one batch fewer
-                optimizer.zero_grad()
-                model(torch.ones(2, 4)).sum().backward()
-                optimizer.step()
-            hvd.allreduce(torch.zeros(()), name="last_loss")  # the loop's end: average a loss
-            return hvd.rank()
+    out = script(tmp_path, f"""
+        import cloudpickle
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import engine_fns  # the engines' test uses the same function
+        cloudpickle.register_pickle_by_value(engine_fns)  # the ranks start without tests/
         try:
-            hvdkit.run(uneven, args=(3,), num_proc=2, use_gloo=True, stall_timeout=4,
-                       on_stall="stop")
+            hvdkit.run(engine_fns.one_batch_fewer, args=(3,), num_proc=2, use_gloo=True,
+                       stall_timeout=4, on_stall="stop")
         except RuntimeError as error:
             print("OUT " + json.dumps(str(error)), flush=True)
     """)  # fmt: skip

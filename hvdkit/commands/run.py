@@ -355,7 +355,7 @@ def launch(args: argparse.Namespace, caller: Caller | None = None) -> int:
     try:
         code = runner.execute(
             plan, output_dir=args.output_dir, verbose=args.verbose, requeue=args.requeue,
-            doctor=doctor, **({"view": caller.view} if caller else {}),
+            doctor=doctor, view=caller.view if caller else runner.View(),
         )  # fmt: skip
     finally:
         if doctor is not None:

@@ -264,7 +264,7 @@ def _launch(
         except UsageError as exc:
             raise ValueError(f"hvdkit.run: {exc}") from None
         elastic = parsed.min_np is not None or parsed.host_discovery_script is not None
-        first = parsed.min_np or parsed.np or 1 if elastic else None
+        first = (parsed.min_np or parsed.np or 1) if elastic else None
         return _results(server, code, planned, first)
 
 

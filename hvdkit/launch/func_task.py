@@ -13,6 +13,7 @@ import urllib.request
 from types import TracebackType
 from typing import Any
 
+from hvdkit import rank_zero
 from hvdkit.launch.func_server import ADDRS, HEADER, KEY
 
 CONNECT_TIMEOUT_S = 10.0
@@ -83,16 +84,12 @@ def main() -> int:
     try:
         body = _returned(func())
     except BaseException as error:
-        from hvdkit import rank_zero
-
         body = cloudpickle.dumps(_failure(error))
         try:
             _request(base, f"/error/{rank_zero.rank()}", key, body)
         except OSError:
             pass  # the launcher still names this rank from its exit and stderr
         raise
-    from hvdkit import rank_zero
-
     _request(base, f"/result/{rank_zero.rank()}", key, body)
     return 0
 

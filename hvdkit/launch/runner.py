@@ -122,14 +122,12 @@ class Console:
         terminal = sink.isatty()
         with self._lock:
             if piece.progress:
-                if piece.rank in (None, 0) and terminal:
-                    # Keras ends each state with the backspaces of the next: "\r" does it.
-                    sink.write("\r" + render(piece).rstrip("\b") + "\x1b[K")
-                    sink.flush()
-                    self._progress_on = sink
-                elif piece.rank in (None, 0) and self.view.inline_progress:
-                    # A notebook's output drops what a line held before its "\r".
-                    sink.write("\r" + render(piece, terminal=False))
+                if piece.rank in (None, 0) and (terminal or self.view.inline_progress):
+                    # Keras ends each state with the backspaces of the next: "\r" does it. A
+                    # notebook's output drops what a line held before its "\r".
+                    shown = render(piece).rstrip("\b") + "\x1b[K" if terminal else (
+                        render(piece, terminal=False))  # fmt: skip
+                    sink.write("\r" + shown)
                     sink.flush()
                     self._progress_on = sink
                 return

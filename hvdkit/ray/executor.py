@@ -211,7 +211,7 @@ class RayExecutor:
         # The hang doctor (HVDKIT_STALL_TIMEOUT, HVDKIT_ON_STALL): set at start().
         self._hang = hang_doctor.engine_config("RayExecutor")
         self._hang_folder: Path | None = None
-        self._hang_reports: list[str] = []
+        self._hang_reported = False  # a report names the folder: keep its notes
         self._hosts: dict[int, str] = {}
 
     # -- start --------------------------------------------------------------------------------
@@ -414,10 +414,10 @@ class RayExecutor:
                 raise
             finally:
                 if doctor is not None:
-                    self._hang_reports += doctor.reports
+                    self._hang_reported |= bool(doctor.reports)
 
     def _stop_for_stall(self, ray: Any) -> None:
-        self._hang_reports.append("stopped")  # the report names the folder: keep its notes
+        self._hang_reported = True  # the doctor reports before it stops the job
         self._release(ray)
 
     def _started(self) -> None:
@@ -477,7 +477,7 @@ class RayExecutor:
         if self._rendezvous is not None:
             self._rendezvous.stop()
             self._rendezvous = None
-        if self._hang_folder is not None and not self._hang_reports:
+        if self._hang_folder is not None and not self._hang_reported:
             shutil.rmtree(self._hang_folder, ignore_errors=True)  # nothing to look at
         self._hang_folder = None
 
