@@ -8,6 +8,9 @@ STACK := hvdkit/horovod_build/stack-cpu.txt
 STACK_OVERRIDES ?=
 STAMP := $(VENV)/.hvdkit-stack
 PYTEST_ARGS ?=
+# make test and test-all run the suite as two pytest runs side by side, split by test file
+# (tests/lanes.py: the files that mostly wait beside the rest); LANES=1 runs one.
+LANES ?= 2
 # The flakiness sweep (tests/sweep.py): the multi-process tests, SWEEP_RUNS times, with
 # SWEEP_LOAD CPU-bound processes beside them.
 SWEEP_RUNS ?= 5
@@ -74,7 +77,7 @@ run: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(BIN)/hvdkit run --hostfile hostfiles/localhost -- $(BIN)/python examples/keras_mnist.py --epochs 10
 
 test: setup engines docs-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/lanes.py --lanes $(LANES) -- $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -83,7 +86,7 @@ test-fast: setup
 # after everything CI runs. The two checks longer than that have their own targets:
 # `make image-gpu` (the GPU image, ~25 min cold) and `make matrix` (fresh environments).
 test-all: setup engines docs-deps
-	HVDKIT_TEST_ALL=1 $(BIN)/python -m pytest -m "not gpu_image" $(PYTEST_ARGS)
+	HVDKIT_TEST_ALL=1 $(BIN)/python tests/lanes.py --lanes $(LANES) -- -m "not gpu_image" $(PYTEST_ARGS)
 
 # A campaign of generated scenarios (issue 49): FUZZ_CASES cases of each generator (the torch
 # session's, and Session.fit's on each Keras backend; and FUZZ_ELASTIC torch cases with an

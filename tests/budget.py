@@ -167,19 +167,25 @@ BUDGETED: dict[str, float] = {
 }
 
 
+LATE_CORE = frozenset({"test_matrix.py"})
+"""Core test files that run after the rest of the core: the matrix test waits for the cell
+that ``.ci/run`` prepares at the lowest priority beside the tests, which gets the idle CPU of
+both lanes (``tests/lanes.py``) and so takes longer than alone."""
+
+
 def key(nodeid: str) -> str:
     return nodeid.removeprefix("tests/")
 
 
 def order(nodeid: str, is_image_test: bool, offset: int = 0) -> tuple[int, int]:
-    """Sort key: the core first, then the budgeted tests in the order above rotated by
-    ``offset`` (:func:`rotation`), then the image tests (CI builds the image in the background
-    meanwhile)."""
+    """Sort key: the core first (:data:`LATE_CORE` last of it), then the budgeted tests in
+    the order above rotated by ``offset`` (:func:`rotation`), then the image tests (CI builds
+    the image in the background meanwhile)."""
     if is_image_test:
         return (2, 0)
     if key(nodeid) in BUDGETED:
         return (1, (list(BUDGETED).index(key(nodeid)) - offset) % len(BUDGETED))
-    return (0, 0)
+    return (0, int(Path(nodeid.split("::")[0]).name in LATE_CORE))
 
 
 def rotation() -> int:

@@ -15,11 +15,23 @@ TEST_ALL = "HVDKIT_TEST_ALL"
 collect_ignore = [] if os.environ.get("HVDKIT_IN_RANKS") else ["ranked"]
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--lane", type=int, choices=(1, 2), default=None,
+                     help="only this lane's test files (tests/lanes.py; make test)")  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """The core tests first, then the budgeted ones (``tests/budget.py``), then the image
-    tests: CI builds the image in the background meanwhile, so they find it built. Tests
-    marked ``extra`` run only under ``make test-all``."""
+    """Under ``--lane``, that lane's tests only (``tests/lanes.py``). The core tests first,
+    then the budgeted ones (``tests/budget.py``), then the image tests: CI builds the image in
+    the background meanwhile, so they find it built. Tests marked ``extra`` run only under
+    ``make test-all``."""
     from budget import DEADLINE, order, rotation
+    from lanes import lane
+
+    wanted = config.getoption("--lane")
+    if wanted is not None:
+        config.hook.pytest_deselected(items=[i for i in items if lane(i.nodeid) != wanted])
+        items[:] = [i for i in items if lane(i.nodeid) == wanted]
 
     offset = rotation() if os.environ.get(DEADLINE) else 0
     items.sort(key=lambda item: order(item.nodeid, item.path.name == "test_docker_image.py",
