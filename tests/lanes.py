@@ -39,8 +39,10 @@ SUMMARY = "HVDKIT_CI_SUMMARY"
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty
 
 SECOND_LANE = frozenset({
-    # Waiting on timeouts and detection: elastic kills, the hang doctor, signals.
+    # Waiting on timeouts and detection: elastic kills, the hang doctor, signals; the seam
+    # matrix's kills and preemptions; make run's console.
     "test_elastic.py", "test_hang.py", "test_preemption.py", "test_func_run.py",
+    "test_seams.py", "test_console.py",
     # Daemons and clusters started by the test (one at a time: fixed addresses and ports).
     "test_slurm.py", "test_ray.py", "test_spark.py", "test_launch_ssh.py",
     # The docs' examples start Ray and Spark; notebooks wait on their kernels; fresh venvs
