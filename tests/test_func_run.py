@@ -158,6 +158,34 @@ def test_a_return_value_that_cannot_travel_back_is_named(tmp_path):
     assert not leftover_ranks()
 
 
+def test_a_function_from_the_users_own_module_is_imported_on_each_rank(tmp_path):
+    """A function defined in a module beside the script (not ``__main__``) travels by
+    reference, as pickle sends it: each rank imports the module itself from the caller's
+    working directory (its import-time pid is the rank's own), and the values equal the
+    function called in the caller."""
+    (tmp_path / "mytraining.py").write_text(textwrap.dedent("""
+        import os
+
+        IMPORTED_IN = os.getpid()  # where this module was imported
+
+        def score(n, *, scale):
+            return {"rank": int(os.environ.get("HOROVOD_RANK", -1)), "pid": os.getpid(),
+                    "imported_in": IMPORTED_IN, "value": scale * sum(i * i for i in range(n))}
+    """))  # fmt: skip
+    out = script(tmp_path, """
+        from mytraining import score
+        two = hvdkit.run(score, args=(5,), kwargs={"scale": 3}, num_proc=2, use_gloo=True)
+        print("OUT " + json.dumps({"two": two, "here": score(5, scale=3)}), flush=True)
+    """)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    r = record(out)
+    assert [v["rank"] for v in r["two"]] == [0, 1]
+    for v in r["two"]:
+        assert v["imported_in"] == v["pid"] != r["here"]["pid"], v  # imported on the rank
+        assert v["value"] == r["here"]["value"] == 90
+    assert not leftover_ranks()
+
+
 def test_the_elastic_form_returns_the_first_min_num_proc_values(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")
@@ -185,14 +213,31 @@ def test_the_elastic_form_returns_the_first_min_num_proc_values(tmp_path):
 
             return {{"rank": hvd.rank(), "weights": loop(state)}}
 
+        def plain(epochs):
+            # The oracle: one process, no Horovod. The loss is linear in x, so the ranks'
+            # averaged gradient is the gradient at their inputs' mean (0.5 + epoch).
+            import torch
+
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(epochs):
+                optimizer.zero_grad()
+                model(torch.full((2, 4), 0.5 + epoch)).sum().backward()
+                optimizer.step()
+            return [p.detach().flatten().tolist() for p in model.parameters()]
+
         values = hvdkit.run(train, args=(3,), num_proc=2, min_num_proc=2,
                             hostfile={str(hostfile)!r})
-        print("OUT " + json.dumps(values), flush=True)
+        print("OUT " + json.dumps({{"values": values, "plain": plain(3)}}), flush=True)
     """)  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    values = record(out)
+    r = record(out)
+    values = r["values"]
     assert [v["rank"] for v in values] == [0, 1]
     assert values[0]["weights"] == values[1]["weights"]
+    for got, want in zip(values[0]["weights"], r["plain"], strict=True):
+        assert got == pytest.approx(want, abs=1e-6)
     assert not leftover_ranks()
 
 
