@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lanes import SECOND_LANE, lane, lane2_report, merge_summaries, status
+from lanes import IMAGE_TESTS_S, SECOND_LANE, lane, lane2_report, lane_env, merge_summaries, status
 
 TESTS = Path(__file__).resolve().parent
 # What starts something that must not run twice at once on one machine: the Slurm cluster
@@ -41,6 +41,15 @@ def test_one_exit_status_for_both_lanes():
     assert status([0, 5]) == 0 and status([5, 0]) == 0  # a lane with nothing selected
     assert status([1, 0]) == 1 and status([0, 2]) == 2
     assert status([5, 5]) == 5
+
+
+def test_each_lane_has_its_summary_file_and_lane_2_the_image_tests_time():
+    ci = {"HVDKIT_CI_SUMMARY": "/w/s.json", "HVDKIT_CI_DEADLINE": "1000", "PATH": "/bin"}
+    one, two = lane_env(1, ci), lane_env(2, ci)
+    assert one == {**ci, "HVDKIT_CI_SUMMARY": "/w/s.json.lane1"}
+    assert two["HVDKIT_CI_SUMMARY"] == "/w/s.json.lane2" and two["PATH"] == "/bin"
+    assert float(two["HVDKIT_CI_DEADLINE"]) == 1000 + IMAGE_TESTS_S
+    assert lane_env(2, {"PATH": "/bin"}) == {"PATH": "/bin"}  # make test: no deadline, no file
 
 
 def test_lane_2s_report_starts_at_its_failures_or_summary():
