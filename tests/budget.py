@@ -177,6 +177,11 @@ def key(nodeid: str) -> str:
     return nodeid.removeprefix("tests/")
 
 
+def file_name(nodeid: str) -> str:
+    """The test file's name: ``test_x.py`` of ``tests/test_x.py::test_y[a::b]``."""
+    return Path(nodeid.split("::")[0]).name
+
+
 def order(nodeid: str, is_image_test: bool, offset: int = 0) -> tuple[int, int]:
     """Sort key: the core first (:data:`LATE_CORE` last of it), then the budgeted tests in
     the order above rotated by ``offset`` (:func:`rotation`), then the image tests (CI builds
@@ -185,7 +190,7 @@ def order(nodeid: str, is_image_test: bool, offset: int = 0) -> tuple[int, int]:
         return (2, 0)
     if key(nodeid) in BUDGETED:
         return (1, (list(BUDGETED).index(key(nodeid)) - offset) % len(BUDGETED))
-    return (0, int(Path(nodeid.split("::")[0]).name in LATE_CORE))
+    return (0, int(file_name(nodeid) in LATE_CORE))
 
 
 def rotation() -> int:
@@ -202,7 +207,7 @@ def rotation() -> int:
 
 def part(nodeid: str) -> str:
     """Which part of CI's summary a test counts in."""
-    if Path(nodeid.split("::")[0]).name == "test_docker_image.py":
+    if file_name(nodeid) == "test_docker_image.py":
         return "image"
     return "budgeted" if key(nodeid) in BUDGETED else "core"
 

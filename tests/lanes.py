@@ -31,12 +31,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+
+from budget import DEADLINE, file_name
+from conftest import SUMMARY
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_DEFAULT = ROOT / ".test-lane2.log"
-SUMMARY = "HVDKIT_CI_SUMMARY"
-DEADLINE = "HVDKIT_CI_DEADLINE"  # tests/budget.py's
 IMAGE_TESTS_S = 75
 """What the image tests take after lane 1's deadline (1.2-1.4 min in the cold CIs of
 2026-11-28 and 29)."""
@@ -58,10 +60,10 @@ SECOND_LANE = frozenset({
 
 def lane(nodeid: str) -> int:
     """The lane (1 or 2) of a test, by its file."""
-    return 2 if Path(nodeid.split("::")[0]).name in SECOND_LANE else 1
+    return 2 if file_name(nodeid) in SECOND_LANE else 1
 
 
-def lane_env(n: int, env: dict[str, str]) -> dict[str, str]:
+def lane_env(n: int, env: Mapping[str, str]) -> dict[str, str]:
     """Lane ``n``'s environment: its own CI summary file, and for lane 2 a deadline later by
     :data:`IMAGE_TESTS_S`. Lane 1 runs the image tests after CI's deadline; lane 2 has none,
     so its budgeted tests may use that time without CI ending later."""
@@ -123,7 +125,7 @@ def main(argv: list[str]) -> int:
         # the terminal reaches it through the handler below.
         second = subprocess.Popen(
             [*pytest, "--lane", "2", "-o", "cache_dir=.pytest_cache/lane2"], stdout=log,
-            stderr=subprocess.STDOUT, env=lane_env(2, dict(os.environ)), start_new_session=True,
+            stderr=subprocess.STDOUT, env=lane_env(2, os.environ), start_new_session=True,
         )  # fmt: skip
     ended: list[float] = []
 
@@ -132,7 +134,7 @@ def main(argv: list[str]) -> int:
         ended.append(time.time())
 
     threading.Thread(target=watch, daemon=True).start()
-    first = subprocess.Popen([*pytest, "--lane", "1"], env=lane_env(1, dict(os.environ)))
+    first = subprocess.Popen([*pytest, "--lane", "1"], env=lane_env(1, os.environ))
 
     def forward(signum: int, _frame: object) -> None:
         os.killpg(second.pid, signum)

@@ -24,6 +24,9 @@ from matrix import (
     render,
 )
 
+PREPARED = "HVDKIT_MATRIX_PREPARED"
+"""Set by .ci/run: the folder where tests/matrix.py --prepare installs the CI cell."""
+
 
 def test_cells_cover_what_users_install():
     names = {c.name for c in CELLS}
@@ -88,10 +91,6 @@ def test_torch_214_nccl_cell_builds_from_pip_cuda_and_trains_with_equal_ranks(tm
         check_the_cell(row, workdir, cell.name, lines)
     finally:
         shutil.rmtree(workdir / cell.name, ignore_errors=True)  # GBs of CUDA wheels
-
-
-PREPARED = "HVDKIT_MATRIX_PREPARED"
-"""Set by .ci/run: the folder where tests/matrix.py --prepare installs the CI cell."""
 
 
 def check_the_cell(row: Row, workdir: Path, name: str, lines: list[str]) -> None:
