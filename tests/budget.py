@@ -27,6 +27,8 @@ from pathlib import Path
 
 DEADLINE = "HVDKIT_CI_DEADLINE"
 """Seconds since the epoch after which no budgeted test may still be running."""
+SUMMARY = "HVDKIT_CI_SUMMARY"
+"""Names the file each test's part, seconds and outcome go to (``tests/conftest.py``)."""
 
 BUDGETED: dict[str, float] = {
     # Moved here after the cold run of 2026-11-25 (the core alone came to ~56 min): multi-host

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from budget import SUMMARY
+
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ALL = "HVDKIT_TEST_ALL"
 # tests/ranked/ runs inside the ranks of a job (tests/in_ranks.py, tests/test_in_ranks.py).
@@ -58,7 +60,6 @@ def pytest_runtest_setup(item) -> None:
         pytest.skip(why)
 
 
-SUMMARY = "HVDKIT_CI_SUMMARY"
 _outcomes: dict[str, dict] = {}
 
 

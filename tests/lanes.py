@@ -34,8 +34,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from budget import DEADLINE, file_name
-from conftest import SUMMARY
+# Not from conftest: inside a job's ranks, "conftest" is tests/ranked/conftest.py.
+from budget import DEADLINE, SUMMARY, file_name
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_DEFAULT = ROOT / ".test-lane2.log"

@@ -84,3 +84,15 @@ def test_two_real_pytest_runs_split_the_selection(tmp_path):
     assert re.search(r"lanes: 1 took \d+ s \(exit 0\), 2 took \d+ s \(exit 0\)", out.stdout)
     argv[argv.index("-q")] = "-k=no_test_has_this_name"
     assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 5
+
+
+def test_the_collection_hooks_import_nothing_named_conftest():
+    """Inside a job's ranks (tests/in_ranks.py), ``conftest`` is tests/ranked/conftest.py, and
+    tests/conftest.py's hooks still run there: what they import must not ask for ``conftest``
+    (a read-through did once, and every in-ranks test failed in CI)."""
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import conftest; "
+            "assert conftest.__file__.endswith('ranked/conftest.py'), conftest.__file__; "
+            "import lanes, budget")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(TESTS / "ranked"), str(TESTS)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
