@@ -11,8 +11,11 @@ with the reason. A warm machine runs most or all of them; ``make test`` (no dead
 ``make test-all`` run every one.
 
 Seconds are each test's duration on this project's 2-core machine, with a margin: measured
-2026-11-28 in the cold CI of fdd4f04 (x1.1), or warm for those it skipped (x1.3). The figures
-of 2026-11-25 had doubled with the tests' speed-ups since, so tests that fitted were skipped.
+2026-11-28 in the cold CI of fdd4f04 (x1.1), or warm for those it skipped (x1.3); raised to
+1.1x the cold CI of f15c202 (2026-11-29, two lanes, a slower machine: setup 419 s rather
+than 311 s) where that was more, as a test that runs past its figure runs past the deadline
+(that CI's bench smoke took 342 s against 150). The figures of 2026-11-25 had doubled with
+the tests' speed-ups since, so tests that fitted were skipped.
 """
 
 from __future__ import annotations
@@ -36,69 +39,69 @@ BUDGETED: dict[str, float] = {
     "test_launch_ssh.py::test_hvdkit_run_and_doctor_across_two_ssh_hosts": 65,
     "test_console.py::test_make_run_prints_clean_whole_lines": 17,
     "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[torch-gloo]": 15,
-    "test_examples_torch.py::test_synthetic_benchmark_compare_prints_ratio": 7,
+    "test_examples_torch.py::test_synthetic_benchmark_compare_prints_ratio": 9,
     # Whole-run checks whose parts the core runs: the bench's workers and plan
     # (test_bench_units.py), `make setup` (CI's own, test_packaging.py's install).
-    "test_bench.py::test_quick_run_reports_every_section": 150,
-    "test_setup.py::test_fresh_checkout_reuses_cached_wheel": 107,
+    "test_bench.py::test_quick_run_reports_every_section_but_memory": 271,
+    "test_setup.py::test_fresh_checkout_reuses_cached_wheel": 366,
     # Examples whose APIs the adapter tests check step by step.
-    "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes[torch]": 37,
-    "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes[jax]": 60,
-    "test_examples_torch.py::test_fashion_resnet_short_run_channels_last_under_mpi": 14,
-    "test_slurm.py::test_the_sbatch_example_trains_mnist_on_two_nodes": 15,
-    "test_slurm.py::test_sigterm_to_every_process_of_the_job_still_checkpoints": 19,
+    "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes[torch]": 85,
+    "test_examples_keras.py::test_keras_mnist_reaches_90_percent_on_digits_and_resumes[jax]": 96,
+    "test_examples_torch.py::test_fashion_resnet_short_run_channels_last_under_mpi": 33,
+    "test_slurm.py::test_the_sbatch_example_trains_mnist_on_two_nodes": 17,
+    "test_slurm.py::test_sigterm_to_every_process_of_the_job_still_checkpoints": 32,
     "test_tensorflow.py::test_examples_train_and_end_with_identical_weights"
-    "[tensorflow_mnist_custom_loop.py]": 14,
-    "test_elastic.py::test_elastic_example_trains_on_two_hosts[pytorch_elastic.py]": 8,
+    "[tensorflow_mnist_custom_loop.py]": 25,
+    "test_elastic.py::test_elastic_example_trains_on_two_hosts[pytorch_elastic.py]": 15,
     # Elastic: a kill on each framework and Keras backend stays in the core.
-    "test_elastic.py::test_stopped_worker_is_counted_failed_within_a_bounded_time": 38,
-    "test_elastic.py::test_session_elastic_true_survives_a_kill_with_the_plain_session_loop": 18,
-    "test_tensorflow.py::test_killed_worker_resumes_from_the_last_commit[keras]": 24,
-    "test_launch_ssh.py::test_elastic_kill_across_two_ssh_hosts": 19,
+    "test_elastic.py::test_stopped_worker_is_counted_failed_within_a_bounded_time": 40,
+    "test_elastic.py::test_session_elastic_true_survives_a_kill_with_the_plain_session_loop": 23,
+    "test_tensorflow.py::test_killed_worker_resumes_from_the_last_commit[keras]": 35,
+    "test_launch_ssh.py::test_elastic_kill_across_two_ssh_hosts": 26,
     # The other Keras backend, controller or mode of a case the core runs.
     "test_keras_parity.py::test_horovod_keras_script_shapes_end_in_sync[tensorflow-mpi]": 15,
     "test_torch_api.py::test_the_api_with_real_processes[mpi]": 10,
     # Keras on JAX through the engines: the runtime starts from Horovod's world as under
     # hvdkit run (test_keras_jax.py, and across hosts in test_launch_ssh.py).
-    "test_ray.py::test_keras_on_jax_through_the_executor_matches_one_process": 17,
-    "test_spark.py::test_keras_on_jax_matches_one_process": 9,
+    "test_ray.py::test_keras_on_jax_through_the_executor_matches_one_process": 29,
+    "test_spark.py::test_keras_on_jax_matches_one_process": 25,
     # The seam matrix (issue 38): its core (accumulation with a scheduler and warmup, a resume
     # on fewer ranks, every feature at once to another size, the plain loop, the checkpoint
     # seams on the torch backend) stays; these are its other combinations.
-    "test_seams.py::test_accumulation_through_the_session_loop[4]": 4,
-    "test_seams.py::test_preempted_then_resumed_on_another_number_of_ranks[1-2-2]": 10,
-    "test_seams.py::test_every_feature_at_once_across_a_preemption[sum-same-size]": 10,
-    "test_seams.py::test_every_feature_at_once_across_a_preemption[sum-to-2-ranks]": 10,
-    "test_seams.py::test_elastic_kill_with_accumulation_and_a_scheduler[warmup]": 23,
-    "test_seams.py::test_elastic_kill_with_accumulation_and_a_scheduler[amp-fp16-sum]": 23,
-    "test_seams.py::test_a_keras_resume_into_changed_layers_names_them[tensorflow]": 10,
+    "test_seams.py::test_accumulation_through_the_session_loop[4]": 6,
+    "test_seams.py::test_preempted_then_resumed_on_another_number_of_ranks[1-2-2]": 13,
+    "test_seams.py::test_every_feature_at_once_across_a_preemption[sum-same-size]": 15,
+    "test_seams.py::test_every_feature_at_once_across_a_preemption[sum-to-2-ranks]": 15,
+    "test_seams.py::test_elastic_kill_with_accumulation_and_a_scheduler[warmup]": 30,
+    "test_seams.py::test_elastic_kill_with_accumulation_and_a_scheduler[amp-fp16-sum]": 28,
+    "test_seams.py::test_a_keras_resume_into_changed_layers_names_them[tensorflow]": 13,
     "test_seams.py::test_a_mismatched_torch_model_names_the_keys_and_shapes": 7,
     # The docs' examples (tests/test_docs.py): the quick starts (PyTorch and Keras on 2 ranks,
     # equal weights) stay in the core, and these repeat what the adapters' tests run.
-    "test_docs.py::test_the_docs_code_runs[first-run]": 7,
-    "test_docs.py::test_the_docs_code_runs[torch-session]": 6,
-    "test_docs.py::test_the_docs_code_runs[keras-horovod-style]": 8,
-    "test_docs.py::test_the_docs_code_runs[keras-setup]": 8,
-    "test_docs.py::test_the_docs_code_runs[tf-custom-loop]": 10,
-    "test_docs.py::test_the_docs_code_runs[ray-executor]": 8,
-    "test_docs.py::test_the_docs_code_runs[spark-run]": 11,
-    "test_docs.py::test_the_docs_code_runs[migrating-imports]": 7,
+    "test_docs.py::test_the_docs_code_runs[first-run]": 14,
+    "test_docs.py::test_the_docs_code_runs[torch-session]": 11,
+    "test_docs.py::test_the_docs_code_runs[keras-horovod-style]": 16,
+    "test_docs.py::test_the_docs_code_runs[keras-setup]": 15,
+    "test_docs.py::test_the_docs_code_runs[tf-custom-loop]": 22,
+    "test_docs.py::test_the_docs_code_runs[ray-executor]": 12,
+    "test_docs.py::test_the_docs_code_runs[spark-run]": 23,
+    "test_docs.py::test_the_docs_code_runs[migrating-imports]": 8,
     "test_docs.py::test_the_docs_code_runs[torch-import]": 3,
-    "test_docs.py::test_the_docs_code_runs[keras-jax]": 13,  # test_keras_jax.py trains so
+    "test_docs.py::test_the_docs_code_runs[keras-jax]": 32,  # test_keras_jax.py trains so
     # Moved here for the docs' tests (2026-11-26): the quick starts train to equal weights on
     # 2 ranks through setup() on both frameworks, and first-run trains this example.
     "test_examples_torch.py::test_mnist_mlp_reaches_90_percent_on_digits": 18,
     "test_torch_adapter.py::test_params_identical_on_all_ranks_after_training[gloo]": 7,
     # Engines: local Ray and local[2] Spark runs, and bad input, stay in the core.
-    "test_ray.py::test_two_ray_nodes_started_with_ray_start": 57,
-    "test_ray.py::test_a_failing_rank_or_a_killed_actor_stops_the_job": 9,
-    "test_spark.py::test_standalone_master_and_worker": 30,
-    "test_spark.py::test_a_failing_rank_and_bad_input_end_the_call_at_once": 6,
+    "test_ray.py::test_two_ray_nodes_started_with_ray_start": 102,
+    "test_ray.py::test_a_failing_rank_or_a_killed_actor_stops_the_job": 25,
+    "test_spark.py::test_standalone_master_and_worker": 54,
+    "test_spark.py::test_a_failing_rank_and_bad_input_end_the_call_at_once": 16,
     # Preemption: the real Slurm test (core) signals hvdkit run, reaches one rank by relay and
     # the other through the ranks' agreement, requeues and resumes to identical weights.
-    "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGTERM]": 21,
-    "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGUSR1]": 21,
-    "test_preemption.py::test_a_signal_on_one_rank_stops_all_at_one_step_and_resume_matches": 19,
+    "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGTERM]": 25,
+    "test_preemption.py::test_a_signal_to_hvdkit_run_reaches_the_ranks_and_exits_75[SIGUSR1]": 22,
+    "test_preemption.py::test_a_signal_on_one_rank_stops_all_at_one_step_and_resume_matches": 23,
     "test_direct_start.py::test_srun_style_start_stops_every_task_with_the_fix[keras]": 5,
     "test_torch_adapter.py::test_mismatched_checkpoint_fails_on_every_rank": 13,
     "test_torch_adapter.py::test_uneven_shards_finish_and_checkpoint_once": 6,
@@ -107,9 +110,9 @@ BUDGETED: dict[str, float] = {
     "test_keras_parity.py::test_the_sync_guard_can_be_turned_off": 10,
     "test_keras_collectives.py::test_collectives_on_every_backend[tensorflow-gloo]": 10,
     "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
-    "[tensorflow-state]": 21,
+    "[tensorflow-state]": 45,
     "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
-    "[torch-state]": 30,
+    "[torch-state]": 38,
     "test_elastic.py::test_keras_killed_worker_costs_one_commit_interval_and_its_host_rejoins"
     "[tensorflow-session]": 21,
     "test_elastic.py::test_elastic_example_trains_on_two_hosts"

@@ -1,5 +1,7 @@
 """``hvdkit bench --quick`` for real: every section runs (real ranks under horovodrun with Gloo
-and MPI), the JSON validates and the plots are written. No timing is asserted."""
+and MPI), the JSON validates and the plots are written. No timing is asserted. The memory
+section's jobs run in tests/test_zero_memory.py, which checks their figures against ZeRO's
+promise through the same summary (its plan and table: tests/test_bench_units.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from conftest import ROOT
 
 from hvdkit.bench import report
 from hvdkit.bench.plan import STEADY_HEAP
-from hvdkit.bench.worker import EXACT_HEAP, parse_results
+from hvdkit.bench.worker import parse_results
 
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
@@ -29,19 +31,18 @@ def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_quick_run_reports_every_section(tmp_path, capsys):
-    out = bench("--quick", "--json", str(tmp_path / "bench.json"), "--plots",
-                str(tmp_path / "plots"), timeout=840)  # fmt: skip
+def test_quick_run_reports_every_section_but_memory(tmp_path, capsys):
+    out = bench("--quick", "--only", "pipeline,profile,allreduce,training,keras", "--json",
+                str(tmp_path / "bench.json"), "--plots", str(tmp_path / "plots"),
+                timeout=840)  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench.json").read_text())
     report.validate(doc)
     assert doc["complete"] is True
-    # Every job, on every rank that reported, ran on the steady heap; the memory section's
-    # peaks on the exact heap (the bytes live at once).
+    # Every job, on every rank that reported, ran on the steady heap.
     assert doc["config"]["steady_heap"] is True
     for r in doc["records"]:
-        peak = r["section"] == "memory" and r["variant"] != "speed"
-        assert r["result"]["malloc"] == (EXACT_HEAP if peak else STEADY_HEAP), r["label"]
+        assert r["result"]["malloc"] == STEADY_HEAP, r["label"]
     summary = doc["summary"]
     names = {s["name"] for s in summary["allreduce"]["series"]}
     assert names == {"horovod gloo np=2", "horovod mpi np=2", "torch.distributed gloo np=2",
@@ -58,23 +59,16 @@ def test_quick_run_reports_every_section(tmp_path, capsys):
     assert summary["pipeline"]["samples_per_s"]["workers"] > 0
     assert 0.5 < summary["profile"]["on_vs_off"] < 2  # a ratio of two real rates
     assert 0.5 < summary["hang"]["on_vs_off"] < 2  # the hang doctor's, the same way
-    memory = summary["memory"]["by_np"]["2"]
-    assert memory["state_vs_plain"] == pytest.approx(1.0, abs=0.01)  # Adam's state: 1/N
-    assert memory["sharded"]["state_bytes"] < memory["plain"]["state_bytes"]
-    assert set(summary["memory"]["predicted_ms"]) == {"8", "16", "32", "64", "128", "256", "512"}
     # 2 models x (hvdkit/horovod at np=1 and 2, DDP, bound), 3 Keras backends and the TF
-    # custom loop at np=1 and 2, 1 bandwidth, --profile's and the hang doctor's costs, ZeRO-1's
-    # speed at np=2 and its
-    # state and peak saving at np=2 and 4, ZeRO-2's peak saving at np=2 and 4; and the adapter
-    # against the plain loop on a GPU
-    assert len(summary["targets"]) == 26 + doc["config"]["gpu"]
+    # custom loop at np=1 and 2, 1 bandwidth, --profile's and the hang doctor's costs; and the
+    # adapter against the plain loop on a GPU
+    assert len(summary["targets"]) == 19 + doc["config"]["gpu"]
     for heading in ("Allreduce bus bandwidth", "Training resnet18", "Keras fit(), backend torch",
                     "Keras custom loop, DistributedGradientTape, backend tensorflow",
                     "Input pipeline", "hvdkit run --profile: throughput",
-                    "the hang doctor: throughput", "Memory, Adam",
-                    "largest model with Adam", "Targets"):  # fmt: skip
+                    "the hang doctor: throughput", "Targets"):  # fmt: skip
         assert heading in out.stdout
-    for png in ("allreduce_busbw.png", "throughput_vs_ranks.png", "memory.png"):
+    for png in ("allreduce_busbw.png", "throughput_vs_ranks.png"):
         assert (tmp_path / "plots" / png).stat().st_size > 10_000
     with capsys.disabled():  # the numbers go into the CI log
         print("\n[hvdkit bench --quick]\n" + out.stdout)

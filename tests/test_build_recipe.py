@@ -10,7 +10,7 @@ from pathlib import Path
 
 from stacks import CUDA_TORCH, TODAY
 
-from hvdkit.horovod_build.cache import WheelCache
+from hvdkit.horovod_build.cache import WheelCache, cache_inputs, cache_key
 from hvdkit.horovod_build.config import BuildConfig
 from hvdkit.horovod_build.logscan import first_error, summarize_failure
 from hvdkit.horovod_build.recipe import compile_jobs, make_recipe, wrapper_script
@@ -59,9 +59,35 @@ def test_recipe_for_todays_stack(tmp_path):
     assert "std=c++17" in (tmp_path / "bin/c++").read_text()
 
 
+def test_wrapper_drops_debug_info_flags_unless_asked(tmp_path):
+    args = ["-O3", "-g", "-DNDEBUG", "-g3", "-ggdb", "-gdwarf-4", "-gsplit-dwarf", "-Dg=-g", "-c", "x.cc"]
+    for std in ("c++17", None):  # with the standard's rewrite, and alone
+        wrapper = tmp_path / f"c++-{std}"
+        wrapper.write_text(wrapper_script(str(_fake_compiler(tmp_path)), std, (),
+                                          drop_debug_info=True))  # fmt: skip
+        wrapper.chmod(0o755)
+        out = subprocess.run([str(wrapper), *args], capture_output=True, text=True, check=True)
+        # -gsplit-dwarf asks for no debug info by itself (it only splits what -g makes).
+        assert out.stdout.splitlines() == ["-O3", "-DNDEBUG", "-gsplit-dwarf", "-Dg=-g", "-c",
+                                           "x.cc"]  # fmt: skip
+    keep = make_recipe(TODAY, BuildConfig(cache_dir=tmp_path, debug_info=True),
+                       plan_remedies(TODAY, BuildConfig(cache_dir=tmp_path)), {"PATH": "/b"})  # fmt: skip
+    assert "-g|" not in keep.files["bin/c++"]
+    plain = make_recipe(TODAY, BuildConfig(cache_dir=tmp_path),
+                        plan_remedies(TODAY, BuildConfig(cache_dir=tmp_path)), {"PATH": "/b"})  # fmt: skip
+    assert "-g|" in plain.files["bin/c++"]
+
+
+def test_debug_info_is_its_own_cache_key():
+    with_g, without = (cache_key(TODAY, BuildConfig(debug_info=d)) for d in (True, False))
+    assert with_g != without
+    assert "debug_info" not in cache_inputs(TODAY, BuildConfig())
+
+
 def test_recipe_without_remedies_leaves_compiler_alone(tmp_path):
     env = dataclasses.replace(TODAY, torch_version="2.0.1", cmake_version="3.25.1")
-    cfg = BuildConfig(frameworks=("torch",), controllers=("gloo",), cache_dir=tmp_path)
+    cfg = BuildConfig(frameworks=("torch",), controllers=("gloo",), cache_dir=tmp_path,
+                      debug_info=True)  # fmt: skip
     built = make_recipe(env, cfg, plan_remedies(env, cfg), {"PATH": "/usr/bin"}).materialize(
         tmp_path
     )

@@ -93,6 +93,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build even with a Python, PyTorch or TensorFlow outside the tested ranges",
     )
     parser.add_argument(
+        "--debug-info",
+        action="store_true",
+        help="compile with -g, as Horovod's own build does (default: without; faster, and "
+        "a smaller wheel)",
+    )
+    parser.add_argument(
         "--plan",
         action="store_true",
         help="print what was found and which remedies apply, then stop",
@@ -131,6 +137,7 @@ def build_horovod_command(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             sdist=args.sdist,
             allow_untested=args.allow_untested,
+            debug_info=args.debug_info,
             **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
         )
     except ValueError as exc:

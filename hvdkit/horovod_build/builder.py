@@ -79,7 +79,8 @@ def describe_plan(env: BuildEnv, cfg: BuildConfig, remedies: list[Remedy], key: 
     )
     lines = [
         f"hvdkit build-horovod {cfg.horovod_version}: frameworks {','.join(cfg.frameworks)}; "
-        f"controllers {','.join(cfg.controllers)}; GPU ops {gpu_ops}",
+        f"controllers {','.join(cfg.controllers)}; GPU ops {gpu_ops}; debug info "
+        + ("yes (-g)" if cfg.debug_info else "no (--debug-info adds it)"),
         "Found: " + ", ".join(found),
     ]
     if cfg.gpu_operations or cuda_torch:

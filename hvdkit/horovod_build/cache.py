@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hvdkit.horovod_build.config import BuildConfig, BuildEnv
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 """Bump when the remedies change what gets compiled, so old wheels are not reused."""
 
 
@@ -30,6 +30,8 @@ def cache_inputs(env: BuildEnv, cfg: BuildConfig) -> dict[str, object]:
         "frameworks": sorted(cfg.frameworks),
         "controllers": sorted(cfg.controllers),
     }
+    if cfg.debug_info:
+        inputs["debug_info"] = True
     if "torch" in cfg.frameworks:
         inputs["torch"] = env.torch_version
         if env.torch_cuda:

@@ -47,6 +47,11 @@ class BuildConfig:
     jobs: int | None = None
     sdist: Path | None = None
     allow_untested: bool = False
+    debug_info: bool = False
+    """Compile with ``-g``, as Horovod's own build does (``RelWithDebInfo``). Left out by
+    default, deliberately: the C++ compiles in less time and the wheel is a fraction of the
+    size (docs/guides/install.md has the figures); keep it to step through Horovod's C++ in
+    a debugger."""
 
     def __post_init__(self) -> None:
         unknown = set(self.frameworks) - set(FRAMEWORKS)

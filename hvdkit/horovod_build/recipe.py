@@ -37,12 +37,17 @@ def wrapper_script(
     force_includes: tuple[str, ...],
     torch_cxx_std: str | None = None,
     torch_include_dir: str | None = None,
+    drop_debug_info: bool = False,
 ) -> str:
     """A POSIX sh compiler wrapper: rewrites old -std flags to ``cxx_std`` and, in a unit
     whose arguments name ``torch_include_dir``, to ``torch_cxx_std`` (C++17 flags too);
-    force-includes headers."""
+    force-includes headers; with ``drop_debug_info``, leaves out ``-g`` flags."""
     note = "# Written by hvdkit build-horovod; see hvdkit/horovod_build/remedies.py."
     lines = ["#!/bin/sh", note, ""]
+    drop = ["    -g|-g[0-9]|-ggdb*|-gdwarf*) ;;"] if drop_debug_info else []
+    if not cxx_std and drop:
+        lines += ["for arg; do", "  shift", '  case "$arg" in', *drop,
+                  '    *) set -- "$@" "$arg" ;;', "  esac", "done"]  # fmt: skip
     if cxx_std:
         lines.append(f"std={cxx_std}")
         # A C++17 flag is rewritten only in a unit that includes torch (then to C++20).
@@ -65,6 +70,7 @@ def wrapper_script(
             "  shift",
             f'  case "$arg" in {cases}) set -- "$@" "-std=$std" ;;',
             *cxx17_rule,
+            *drop,
             '    *) set -- "$@" "$arg" ;;',
             "  esac",
             "done",
@@ -118,9 +124,10 @@ def make_recipe(
     cxx_std = next((r.cxx_std for r in remedies if r.cxx_std), None)
     torch_std = next((r.torch_cxx_std for r in remedies if r.torch_cxx_std), None)
     includes = tuple(h for r in remedies for h in r.force_includes)
-    if (cxx_std or includes) and env.compiler:
+    drop_debug_info = not cfg.debug_info
+    if (cxx_std or includes or drop_debug_info) and env.compiler:
         recipe.files["bin/c++"] = wrapper_script(
-            env.compiler, cxx_std, includes, torch_std, env.torch_include_dir
+            env.compiler, cxx_std, includes, torch_std, env.torch_include_dir, drop_debug_info
         )
         recipe.executables += ("bin/c++",)
         build_env["CXX"] = "{workdir}/bin/c++"
