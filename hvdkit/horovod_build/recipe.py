@@ -44,37 +44,30 @@ def wrapper_script(
     force-includes headers; with ``drop_debug_info``, leaves out ``-g`` flags."""
     note = "# Written by hvdkit build-horovod; see hvdkit/horovod_build/remedies.py."
     lines = ["#!/bin/sh", note, ""]
-    drop = ["    -g|-g[0-9]|-ggdb*|-gdwarf*) ;;"] if drop_debug_info else []
-    if not cxx_std and drop:
-        lines += ["for arg; do", "  shift", '  case "$arg" in', *drop,
-                  '    *) set -- "$@" "$arg" ;;', "  esac", "done"]  # fmt: skip
+    rules: list[str] = []  # the cases of one pass over the arguments
     if cxx_std:
         lines.append(f"std={cxx_std}")
-        # A C++17 flag is rewritten only in a unit that includes torch (then to C++20).
-        cxx17_rule: list[str] = []
         if torch_cxx_std and torch_include_dir:
+            # A C++17 flag is rewritten only in a unit that includes torch (then to C++20).
             pattern = f"*{shlex.quote(torch_include_dir)}*"
             lines += [
                 "for arg; do",
                 f'  case "$arg" in {pattern}) std={torch_cxx_std} ;; esac',
                 "done",
             ]
+        cases = "|".join(f"-std={s}" for s in _OLD_STANDARDS)
+        rules.append(f'    {cases}) set -- "$@" "-std=$std" ;;')
+        if torch_cxx_std and torch_include_dir:
             cxx17 = "|".join(f"-std={s}" for s in _CXX17)
-            cxx17_rule = [
+            rules.append(
                 f'    {cxx17}) if [ "$std" = {torch_cxx_std} ]; then set -- "$@" "-std=$std";'
                 ' else set -- "$@" "$arg"; fi ;;'
-            ]
-        cases = "|".join(f"-std={s}" for s in _OLD_STANDARDS)
-        lines += [
-            "for arg; do",
-            "  shift",
-            f'  case "$arg" in {cases}) set -- "$@" "-std=$std" ;;',
-            *cxx17_rule,
-            *drop,
-            '    *) set -- "$@" "$arg" ;;',
-            "  esac",
-            "done",
-        ]
+            )
+    if drop_debug_info:
+        rules.append("    -g|-g[0-9]|-ggdb*|-gdwarf*) ;;")
+    if rules:
+        lines += ["for arg; do", "  shift", '  case "$arg" in', *rules,
+                  '    *) set -- "$@" "$arg" ;;', "  esac", "done"]  # fmt: skip
     argv = [shlex.quote(real_compiler)] + [f"-include {shlex.quote(h)}" for h in force_includes]
     lines.append(f'exec {" ".join(argv)} "$@"')
     return "\n".join(lines) + "\n"
