@@ -97,6 +97,9 @@ def test_the_cost_model_of_zero_stage_1():
     assert (sharded.state, sharded.buffers) == (2000, 64)
     # ZeRO's pieces in flight are freed before the optimizer's temporaries exist
     assert sharded.total == 4000 + 4000 + 2000 + 64
+    # beside them, autograd's new gradient before it is added into the kept one
+    assert costmodel.rank_memory(1000, "fp32", 4, True, zero_buffers=64,
+                                 largest_param=40).buffers == 64 + 40  # fmt: skip
     # Stage 2: the gradients are the slice's; its buffers add the inputs in flight (1/N of the
     # outputs) and the largest gradient autograd makes before it is copied
     stage2 = costmodel.rank_memory(1000, "fp32", 4, True, zero_buffers=64, gradients=True,

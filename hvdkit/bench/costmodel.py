@@ -203,13 +203,16 @@ def rank_memory(
 ) -> RankMemory:
     """The bytes of :class:`RankMemory` for a model of ``params`` parameters with Adam.
     ``zero_buffers``: ZeRO's bound on what its reduce-scatters receive in flight
-    (:func:`hvdkit.torch.zero.in_flight_bytes`). A plain run's fusion buffer is counted as
-    Horovod can touch it, up to the gradients' size or ``fusion_threshold`` (it touches what
-    its largest fused response held: less in a short run). Neither exists at one rank.
+    (:func:`hvdkit.torch.zero.in_flight_bytes`), beside which autograd makes the gradient of
+    the ``largest_param`` (bytes) before adding it into the parameter's (zeroed, kept) one. A
+    plain run's fusion buffer is counted as Horovod can touch it, up to the gradients' size or
+    ``fusion_threshold`` (it touches what its largest fused response held: less in a short
+    run). None of these exists at one rank.
 
     ``gradients`` (ZeRO stage 2, sharded): the gradients are the reduced slice's, 1/N; the
-    buffers add the buckets' own inputs in flight (1/N of the outputs) and the gradient
-    autograd makes of the ``largest_param`` (bytes) before it is copied into its buckets."""
+    buffers add the buckets' own inputs in flight, bounded at 1/N of the outputs. These are
+    bounds the implementation keeps whatever the timing, so the model holds for the rank that
+    peaks highest (each receives its slice at a different point of the backward pass)."""
     weights, grads, state = (b * params for b in PRECISIONS[precision])
     many = ranks > 1
     if sharded and gradients and many:
@@ -217,7 +220,7 @@ def rank_memory(
         return RankMemory(weights, grads / ranks, state / ranks, buffers, resident, transient,
                           True)  # fmt: skip
     if sharded:
-        buffers = min(zero_buffers, grads) if many else 0.0
+        buffers = min(zero_buffers, grads) + largest_param if many else 0.0
         return RankMemory(weights, grads, state / ranks, buffers, resident, transient, True)
     buffers = min(fusion_threshold, grads) if many else 0.0
     return RankMemory(weights, grads, state, buffers, resident, transient)

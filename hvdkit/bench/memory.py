@@ -5,10 +5,10 @@ through hvdkit.torch) or sharded (ZeRO stage 1, :mod:`hvdkit.torch.zero`):
 
 - ``--variant plain|sharded|gradients``: one variant per process (``gradients``: ZeRO
   stage 2, ``shard_optimizer="gradients"``), so that its peak resident memory is
-  its own. Reports each rank's bytes of weights, gradients and optimizer state (counted from
-  the tensors), the resident memory's growth over the first three steps, its peak (and the
-  peak above what the process held before the model), the CUDA peak on a GPU, and the median
-  step time.
+  its own. Reports rank 0's bytes of weights, gradients and optimizer state (counted from
+  the tensors), the resident memory's growth over the first three steps, its peak, the peak
+  above what the process held before the model (each rank's, and the highest of them), the
+  CUDA peak on a GPU, and the median step time.
 - ``--variant speed``: both variants in one process on the same initial weights, in
   alternating rounds; the median of the per-round ratios (plain time / sharded time, so 1.0
   is as fast). With more than one rank it also times allreduces of a few sizes to fit the
@@ -142,14 +142,19 @@ def main(argv: list[str] | None = None) -> None:
             step(model, optimizer)
         grown = _rss() - before
         step_s = statistics.median(timed(model, optimizer, args.steps) for _ in range(args.rounds))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # The rank that peaked highest runs out first: ranks own different slices, so each
+        # receives its reduce-scatters at a different point of the backward pass.
+        peaks = hvd.allgather(torch.tensor([peak - start_rss], dtype=torch.float64)).tolist()
         result.update(
             weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
             grads_bytes=_grads_bytes(model, optimizer),
             state_bytes=_state_bytes(optimizer),
             largest_param_bytes=max(p.numel() * p.element_size() for p in model.parameters()),
             rss_growth_bytes=grown,
-            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            peak_growth_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start_rss,
+            peak_rss_bytes=peak,
+            peak_growth_bytes=max(peaks),  # the highest rank's
+            peak_growth_by_rank=peaks,
             steady_growth_bytes=_rss() - start_rss,  # held between steps
             cuda_peak_bytes=torch.cuda.max_memory_allocated(device) if device else None,
             step_s=step_s,

@@ -153,6 +153,16 @@ def test_zero_with_buckets_summed_during_the_pass_equals_plain_and_refuses_a_pas
 
     monkeypatch.setattr(zero, "BUCKET", 16)
     monkeypatch.setattr(zero, "IN_FLIGHT", 1)
+    high = {"in": 0, "out": 0}  # elements sent and received in flight, at most
+    send = zero._Group.send
+
+    def watched(group: zero._Group, bucket: int) -> None:
+        send(group, bucket)
+        sent = sum(hi - lo for lo, hi in (group.buckets[b] for b in group.pending))
+        high["in"] = max(high["in"], sent)
+        high["out"] = max(high["out"], sum(out.numel() for _, out in group.pending.values()))
+
+    monkeypatch.setattr(zero._Group, "send", watched)
 
     def trained(shard: bool | str) -> list[torch.Tensor]:
         torch.manual_seed(0)
@@ -170,6 +180,9 @@ def test_zero_with_buckets_summed_during_the_pass_equals_plain_and_refuses_a_pas
     for stage in (True, "gradients"):  # stage 1, and stage 2 (each gradient let go once sent)
         for a, b in zip(trained(stage), plain, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # One bucket's worth each way, on every rank: also on one that owns none of a bucket
+    # (it receives nothing, and once sent every bucket of the pass ahead of a slow peer).
+    assert 0 < high["in"] <= 16 // horovod.size() and high["out"] <= 16, high
 
     for stage in (True, "gradients"):
         torch.manual_seed(0)
