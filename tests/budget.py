@@ -127,10 +127,9 @@ BUDGETED: dict[str, float] = {
     # of what the core runs once.
     "test_profile.py::test_keras_fit_is_profiled_on_both_backends[tensorflow]": 9,
     "test_launch_ssh.py::test_no_environment_value_on_any_command_line_or_log[elastic]": 8,
-    # Issue 41 (2026-11-26): the other optimizers, controller and backend of ZeRO's and bf16's
-    # core cases, and the plain control of the sharded elastic kill (test_seams covers it).
-    "test_zero.py::test_sharded_optimizers_train_like_one_plain_process[sgd]": 6,
-    "test_zero.py::test_sharded_optimizers_train_like_one_plain_process[adamw]": 5,
+    # Issue 41 (2026-11-26): the other controller and backend of bf16's core cases, and the
+    # plain control of the sharded elastic kill (test_seams covers it). (ZeRO's optimizers
+    # run inside the ranks since 2026-11-29: tests/ranked/test_zero_oracle.py.)
     "test_zero.py::test_horovods_torch_loop_with_compression_bf16_on_gloo_and_mpi[--mpi]": 6,
     "test_zero.py::test_keras_distributed_optimizer_with_compression_bf16[torch]": 7,
     "test_zero.py::test_an_elastic_kill_re_cuts_the_slices_for_each_world[plain]": 26,

@@ -12,14 +12,12 @@ import re
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import seams
 from conftest import ROOT, WORKERS, results
-from workers.seams_worker import Indexed, make_model
-from workers.tolerance import max_difference, paths_close
+from seams_check import check_like_the_oracle
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
@@ -37,41 +35,13 @@ def job(
     return out
 
 
-def logged(log: Path) -> dict[int, Counter]:
-    """Every sample index trained in each epoch, over every rank and run that logged there."""
-    trained: dict[int, Counter] = {}
-    for path in sorted(log.glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            trained.setdefault(entry["epoch"], Counter()).update(entry["indices"])
-    return trained
-
-
 def assert_like_the_oracle(
     out: subprocess.CompletedProcess, log: Path | None, oracle: seams.Job, ranks: dict | None = None
 ) -> None:
-    """Ranks equal bit for bit; weights (to the path tolerance), steps, LR in force and the
-    scheduler's LR equal the oracle's; with ``log``, every epoch trained the oracle's samples."""
+    """:func:`seams_check.check_like_the_oracle` on the RESULT lines of ``out`` (or
+    ``ranks``)."""
     ranks = ranks if ranks is not None else results(out)
-    sizes = {r["size"] for r in ranks.values()}
-    assert sorted(ranks) == list(range(sizes.pop())), out.stdout[-2000:]
-    assert len({json.dumps(r["weights"]) for r in ranks.values()}) == 1  # ranks: bit for bit
-    mine = ranks[0]
-    expected = seams.run(oracle, Indexed(), make_model())
-    assert mine["steps"] == expected["steps"]
-    difference = max_difference(mine["weights"], expected["weights"])
-    print(f"max difference from the oracle: {difference:.3g} after {mine['steps']} steps")
-    assert paths_close(mine["weights"], expected["weights"], steps=expected["steps"]), difference
-    assert mine["lr_in_force"] == pytest.approx(expected["lr_in_force"], rel=1e-12)
-    if mine["scheduler_lr"] is not None:
-        assert mine["scheduler_lr"] == pytest.approx(oracle.lr * 0.5**oracle.epochs, rel=1e-12)
-    if log is None:
-        return
-    trained = logged(log)
-    assert sorted(trained) == list(range(oracle.epochs))
-    for epoch, counts in trained.items():
-        assert counts == Counter(expected["trained"][epoch]), epoch
-        assert set(counts) == set(range(len(Indexed())))  # every sample, every epoch
+    check_like_the_oracle(ranks, log, oracle, out.stdout[-2000:])
 
 
 @pytest.mark.parametrize("accumulate", [2, 4])

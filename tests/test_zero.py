@@ -1,7 +1,11 @@
 """ZeRO stage 1 (``hvdkit.torch.setup(..., shard_optimizer=True)``, hvdkit/torch/zero.py) with
 real processes, against tests/seams.py's oracle: one plain process on the same global batches.
 Each case checks that the ranks end bit-identical and that the weights, steps and LR equal the
-oracle's (to the path tolerance: a reduce-scatter sums in another order than one process)."""
+oracle's (to the path tolerance: a reduce-scatter sums in another order than one process).
+Here the cases that launch jobs of their own (a preemption and a resume at another -np, an
+elastic kill, Horovod's and Keras's scripts, bf16 on the wire); the optimizers, stage 2 and
+mixed precision against the oracle run inside the ranks of one job
+(tests/ranked/test_zero_oracle.py)."""
 
 from __future__ import annotations
 
@@ -17,56 +21,9 @@ import torch
 from conftest import ROOT, WORKERS, results
 from test_seams import assert_like_the_oracle, job, killed_at_7
 from workers.bf16_worker import targets
-from workers.tolerance import paths_close
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
-def test_sharded_optimizers_train_like_one_plain_process(tmp_path, optimizer):
-    """Momentum SGD, Adam and AdamW (weight decay), with accumulation over 2 passes, a
-    scheduler and LR warmup, sharded over 2 ranks; the 195 parameters in buckets of 40 or
-    more elements (3 buckets), each sent as the backward pass fills it."""
-    args = ["--optimizer", optimizer, "--shard-optimizer", "--accumulate", "2", "--scheduler",
-            "--warmup-steps", "3", "--bucket", "40"]  # fmt: skip
-    out = job(2, tmp_path / "log", *args)
-    oracle = seams.Job(optimizer=optimizer, accumulate=2, scheduler=True, warmup_steps=3)
-    assert_like_the_oracle(out, tmp_path / "log", oracle)
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_stage_2_trains_like_one_plain_process(tmp_path, optimizer):
-    """ZeRO stage 2 (``shard_optimizer="gradients"``: each gradient let go once its buckets
-    hold it), with accumulation over 2 passes, a scheduler and LR warmup,
-    against the same oracle as stage 1."""
-    args = ["--optimizer", optimizer, "--shard-optimizer", "gradients", "--accumulate", "2",
-            "--scheduler", "--warmup-steps", "3", "--bucket", "40"]  # fmt: skip
-    out = job(2, tmp_path / "log", *args)
-    oracle = seams.Job(optimizer=optimizer, accumulate=2, scheduler=True, warmup_steps=3)
-    assert_like_the_oracle(out, tmp_path / "log", oracle)
-
-
-@pytest.mark.parametrize("stage", [[], ["gradients"]], ids=["stage1", "stage2"])
-def test_bf16_autocast_with_clipping_over_the_slices(tmp_path, stage):
-    """The gradient norm is the whole gradient's, summed over the ranks' slices."""
-    out = job(2, tmp_path / "log", "--optimizer", "adam", "--amp", "--shard-optimizer", *stage)
-    assert_like_the_oracle(out, tmp_path / "log", seams.Job(optimizer="adam", amp=True))
-
-
-@pytest.mark.parametrize("stage", [[], ["gradients"]], ids=["stage1", "stage2"])
-def test_fp16_with_a_grad_scaler_skips_the_same_steps_as_the_plain_optimizer(tmp_path, stage):
-    """fp16 autocast with a GradScaler that starts at 2^40: the first steps overflow. The
-    overflow check is agreed over the ranks' slices, so every rank skips the same steps as
-    the plain (allreduce) optimizer does, the scale ends the same, and the weights too (to
-    the path tolerance: the sums run in another order)."""
-    args = ["--scaler", "--optimizer", "adam", "--epochs", "3"]
-    plain = results(job(2, tmp_path / "plain", *args))
-    sharded = results(job(2, tmp_path / "sharded", *args, "--shard-optimizer", *stage))
-    assert sharded[0]["weights"] == sharded[1]["weights"]
-    assert sharded[0]["scale"] == plain[0]["scale"] < 2.0**40  # backed off, the same way
-    assert sharded[0]["steps"] == plain[0]["steps"]
-    assert paths_close(sharded[0]["weights"], plain[0]["weights"], steps=plain[0]["steps"])
 
 
 @pytest.mark.parametrize(("before", "after"), [((2, True), (1, False)), ((1, False), (2, True))])

@@ -51,7 +51,7 @@ def make_model() -> torch.nn.Module:
     )
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
@@ -78,8 +78,12 @@ def main() -> None:
                         help="ZeRO stage 1; 'gradients': stage 2")  # fmt: skip
     parser.add_argument("--bucket", type=int, help="ZeRO's bucket size, in elements")
     parser.add_argument("--log", required=True)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def train(args: argparse.Namespace) -> dict:
+    """The job on this rank (Horovod started or not), and what its RESULT line reports. Also
+    called inside the ranks of one job (tests/ranked/test_zero_oracle.py)."""
     if args.bucket:  # several buckets for this small model, each sent during the backward pass
         from hvdkit.torch import zero
 
@@ -150,14 +154,18 @@ def main() -> None:
         elif args.checkpoint and not args.plain_loop:
             session.save()
     weights = torch.cat([p.detach().reshape(-1) for p in session.model.state_dict().values()])
-    print("RESULT " + json.dumps({
+    return {
         "rank": session.rank, "size": session.size, "steps": session.step_count,
         "weights": [float(f"{w:.9g}") for w in weights.tolist()],
         "lr_in_force": session.optimizer.param_groups[0]["lr"] * session.lr_multiplier(),
         "scheduler_lr": scheduler.get_last_lr()[0] if scheduler is not None else None,
         "position": getattr(session, "position", None) and session.position.state_dict(),
         "resets": resets, "scale": scaler.get_scale() if scaler is not None else None,
-    }), flush=True)  # fmt: skip
+    }  # fmt: skip
+
+
+def main() -> None:
+    print("RESULT " + json.dumps(train(parse())), flush=True)
 
 
 if __name__ == "__main__":
