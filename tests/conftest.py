@@ -16,29 +16,6 @@ TEST_ALL = "HVDKIT_TEST_ALL"
 # tests/ranked/ runs inside the ranks of a job (tests/in_ranks.py, tests/test_in_ranks.py).
 collect_ignore = [] if os.environ.get("HVDKIT_IN_RANKS") else ["ranked"]
 
-# JAX compiles every jitted step in each process that runs it: both ranks of a job, its
-# one-process oracle, the resumed run. One compilation cache for the session (the processes
-# the tests start inherit it) lets each identical program load what the first compiled: a
-# small Keras fit went from 1.6 s to 0.5 s. The same executable either way, so nothing a test
-# checks changes. A size limit turns on JAX's file lock, so that two ranks writing one entry
-# at once cannot read it half-written.
-JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
-_jax_cache_made = JAX_CACHE not in os.environ
-if _jax_cache_made:
-    import tempfile
-
-    os.environ[JAX_CACHE] = tempfile.mkdtemp(prefix="hvdkit-tests-jax-cache-")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
-
-
-def pytest_unconfigure(config) -> None:
-    if _jax_cache_made:
-        import shutil
-
-        shutil.rmtree(os.environ[JAX_CACHE], ignore_errors=True)
-
 
 def pytest_addoption(parser) -> None:
     parser.addoption("--lane", type=int, choices=(1, 2), default=None,
