@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+# tests/ and the checkout: .ci/run starts --prepare with setup's interpreter, before the venv.
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 from conftest import results  # noqa: E402
 
 from hvdkit.horovod_build.versions import version_tuple  # noqa: E402
