@@ -26,6 +26,8 @@ from pathlib import Path
 
 from conftest import ROOT
 
+# The checkout: .ci/run starts the prebuild with setup's interpreter, before the venv exists.
+sys.path.insert(0, str(ROOT))
 from hvdkit.horovod_build.config import default_cache_dir
 
 TAG = "localhost/hvdkit:cpu-test"
