@@ -29,14 +29,23 @@ ray.cloudpickle.register_pickle_by_value(engine_fns)
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def _shut_down_at_the_end():
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_shut_down_at_the_end):
+    """A local Ray with 2 CPUs: started once, and again where a test shut it down (the
+    two-node test does, to join its own cluster, and CI's rotating order of the budgeted tests
+    can put that test between these)."""
+    if ray.is_initialized():
+        return
     started = time.monotonic()
     # address="local": a new Ray of our own, even where a `ray start` cluster runs here.
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              object_store_memory=150 * 2**20)  # fmt: skip
     print(f"\n[ray] local Ray with 2 CPUs up in {time.monotonic() - started:.1f} s")
-    yield
-    ray.shutdown()
 
 
 def settings():
