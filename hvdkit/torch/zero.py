@@ -147,10 +147,10 @@ BUCKET = 1 << 21
 """Elements a reduce-scatter bucket's output may take (8 MiB of float32): a bucket is
 ``BUCKET // N`` elements, and each rank receives N copies of its piece of it."""
 IN_FLIGHT = 4
-"""Bucket outputs a group may have in flight, and bucket inputs (what has arrived is summed
-and freed first). A
-buffer for all of them, the size of the model, would cost what sharding saves (at N=2, all of
-it); fewer in flight make the backward pass wait on the collectives."""
+"""Buckets' worth a group may have in flight, of outputs and of inputs each (what has arrived
+is summed and freed first). A buffer for all of them, the size of the model, would cost what
+sharding saves (at N=2, all of it); fewer in flight make the backward pass wait on the
+collectives."""
 
 
 def in_flight_bytes(element_size: int = 4) -> int:
