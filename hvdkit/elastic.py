@@ -249,6 +249,7 @@ class SessionElastic:
         self.every = adapter.config.commit_every
         self.generation = 0
         self.since_commit = 0
+        self.between_passes = False  # saved at a pass's end; committed at the next one's start
         self.saved: tuple[Any, dict[str, Any]] | None = None
         self.state = _Commit(self)
         notification_manager.init()  # a no-op outside an elastic job
@@ -279,7 +280,23 @@ class SessionElastic:
         """Save the state in host memory and take the pending host changes (collective);
         raises ``HostsUpdatedInterrupt`` when workers were added or removed."""
         self.state.commit()
-        self.since_commit = 0
+        self.since_commit, self.between_passes = 0, False
+
+    def save_at_pass_end(self) -> None:
+        """At the end of a plain loop's pass over the data: saved (no collective), so that a
+        reset does not go back into the epoch the script's loop has left; the commit (and the
+        check for added workers) waits for the next pass, after the script's epoch-end code
+        (a scheduler's step: a worker joining before it would start without it). Until then
+        nothing trains, and a reset keeps the position and scheduler as they are then."""
+        self.state.save()
+        self.since_commit, self.between_passes = 0, True
+
+    def back_to_the_reset(self) -> None:
+        """When the script asks for its next batch after a reset in a pass: the position
+        (scheduler, LR) as the reset left it, undoing what the script's code after the failed
+        step did (a scheduler's step) before the batches from there are trained again."""
+        assert self.saved is not None
+        self.set_position(self.saved[1])
 
     def commit(self) -> None:
         """:meth:`commit_or_raise`, recovering in place."""
@@ -327,6 +344,9 @@ class SessionElastic:
         while True:
             try:
                 if failed:
+                    if self.between_passes:  # the script's epoch-end code has moved them on
+                        assert self.saved is not None
+                        self.saved = (self.saved[0], self.position())
                     self.state.restore()
                 topology = restart(self.hvd)
                 self.adapter.rescale(topology)

@@ -84,8 +84,6 @@ def elastic_cases(seed: int, count: int) -> list[Case]:
         case = Case(**{**asdict(case), "resume_at": 0, "resume_size": 0, "size": 2,
                        "late_group": False, "workers": 0, "epochs": 6,
                        "elastic_kill": 5})  # fmt: skip
-        if case.scheduler == "onecycle":  # sized by len(loader) at 2 ranks: too few at 1
-            case = Case(**{**asdict(case), "scheduler": "steplr"})
         # Enough steps after the kill at step 5 for the killed host to be back (a cooldown
         # of 1-2 s and a new process, at 0.3 s a step) before training ends.
         steps = case.epochs * -(-batches_per_epoch(case, 2) // case.accumulate)
@@ -238,7 +236,11 @@ def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float) -> torch.
 
 
 def make_scheduler(case: Case, optimizer: torch.optim.Optimizer, batches: int) -> Any:
-    """The scheduler as a script builds it, from ``len(loader)`` (``batches``)."""
+    """The scheduler as a script builds it, from ``len(loader)`` (``batches``); an elastic
+    case's for its epochs at one rank (OneCycleLR refuses a step past its total), which a
+    worker that lost its peer runs at."""
+    if case.elastic_kill:
+        batches = batches_per_epoch(case, 1)
     if case.scheduler == "onecycle":
         lr = LR[case.optimizer]
         return torch.optim.lr_scheduler.OneCycleLR(

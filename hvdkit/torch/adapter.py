@@ -345,12 +345,21 @@ class TorchAdapter(Adapter):
         reset_pending(self.optimizer)
 
     def _position(self) -> dict[str, Any]:
+        # The groups' hyperparameters beside the scheduler that sets them: a reset that keeps
+        # the scheduler's state as it is keeps the LR it set with it.
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        return copy.deepcopy({"position": self.position.state_dict(), "scheduler": scheduler})
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+        ]
+        return copy.deepcopy(
+            {"position": self.position.state_dict(), "scheduler": scheduler, "groups": groups}
+        )
 
     def _set_position(self, position: dict[str, Any]) -> None:
         position = copy.deepcopy(position)
         self.position.load_state_dict(position["position"])
+        for group, saved in zip(self.optimizer.param_groups, position["groups"], strict=False):
+            group.update(saved)
         if self.scheduler is not None and position["scheduler"] is not None:
             self.scheduler.load_state_dict(position["scheduler"])
         elif position["scheduler"] is not None:  # a joiner whose script builds it after setup

@@ -93,6 +93,8 @@ class _EpochLoader:
         self.open = True
         try:
             while True:
+                if drives:  # the last pass's commit, after the script's epoch-end code
+                    session._commit_if_due()
                 generation = elastic.generation if elastic is not None else 0
                 self.batch_samples = (self.loader.batch_size or 1) * session.size
                 if drives:
@@ -114,7 +116,11 @@ class _EpochLoader:
                         session._stop_if_due()
                     session._current, yielded = self, True
                     yield batch
+                    if drives:  # the script's step is over: its scheduler has stepped
+                        session._commit_if_due()
                     if elastic is not None and elastic.generation != generation:
+                        if drives:
+                            elastic.back_to_the_reset()
                         break  # recovered: go on from the restored position, re-split
                 else:
                     if session._owner is None and drives and done > 0 and not yielded:
@@ -159,6 +165,7 @@ class Session:
         self._extra: dict[str, Any] = dict(self.resumed or {})  # the last save()'s extra
         self._preempt: preempt.Preemption | None = None
         self._stop_due = False  # the ranks agreed to stop: at the script's next call
+        self._commit_due = False  # an elastic commit, taken when the script asks for a batch
         if adapter.config.checkpoint is not None and not adapter.config.elastic:
             # Where a checkpoint can be written, SIGTERM/SIGUSR1 stop at a step boundary; the
             # ranks agree on it through a collective (not elastic: the size stays).
@@ -225,17 +232,28 @@ class Session:
                 self._owner = current
         return self._owner if current is self._owner else None
 
+    def _commit(self) -> None:
+        assert self._elastic is not None
+        self._commit_due = False
+        self._elastic.commit()
+
+    def _commit_if_due(self) -> None:
+        if self._commit_due:
+            self._commit()
+
     def _end_pass(self) -> None:
         if self._in_epochs:
             self.position.samples = 0  # epochs() ends the epoch
             return
         self.position.end_epoch()  # a plain loop: the next pass is the next epoch
         if self._elastic is not None:
-            # Committed here, as epochs() commits at each epoch end: a reset in the next
-            # pass must not go back into this epoch, which the script's own loop (a
+            # Saved here, as epochs() commits at each epoch end: a reset in the next pass
+            # must not go back into this epoch, which the script's own loop (a
             # `for epoch in range(n)`) has left and cannot run again; the ranks would then
-            # count their epochs differently (found by the scenario generator).
-            self._elastic.commit()
+            # count their epochs differently (found by the scenario generator). Committed
+            # when the next pass starts, after the script's epoch-end code.
+            self._elastic.save_at_pass_end()
+            self._commit_due = True
 
     def _stop_if_preempted(self) -> None:
         """After each step: whether the ranks agree that a SIGTERM/SIGUSR1 arrived on any of
@@ -302,7 +320,7 @@ class Session:
                 position.end_epoch()
                 self.check_sync(f"at the end of epoch {epoch + 1}")
                 if self._elastic is not None:
-                    self._elastic.commit()
+                    self._commit()
         finally:
             self._in_epochs = False
 
@@ -396,6 +414,9 @@ class Session:
         the loop stays the same. A ``scaler`` is saved in the session's checkpoints and, when
         resuming, given back its state the first time it is passed here."""
         self._stop_if_due()
+        # Batches not from shard()'s loaders: the commit before the next step. A reset in it
+        # leaves the state as it is now (synced, or this commit restored): the batch stands.
+        self._commit_if_due()
         if scaler is not None:
             self._adapter.take_scaler(scaler)
         # Clipping (``clip_grad_norm``) covers every parameter of the optimizer, those outside
@@ -441,7 +462,10 @@ class Session:
                 self.check_sync("after the first step")
             self._stop_if_preempted()
             if self._elastic is not None and self._elastic.step_done():
-                self._elastic.commit()
+                # Taken at the script's next batch, not here: the script's own code after
+                # the step (a per-step scheduler) belongs in it. Committed now, a worker
+                # joining would start with the scheduler a step behind rank 0's.
+                self._commit_due = True
         return cast(torch.Tensor | None, norm)
 
     def average(self, total: float, count: int | float, name: str = "metric") -> float:
