@@ -120,7 +120,7 @@ REGRESSIONS = {
     "elastic_kill_scheduler_per_batch": Case(
         optimizer="sgd_momentum", groups="decay_split", frozen=True, zero_grad="model",
         accumulate=2, clip=0.5, scheduler="onecycle", samples=41, batch=1, loop="range",
-        epochs=6, elastic_kill=5,
+        epochs=4, elastic_kill=5,
     ),  # fmt: skip
     # accumulation with model.zero_grad() in the loop dropped the first passes
     "accumulate_model_zero_grad": Case(accumulate=2, zero_grad="model", shard=True),
