@@ -370,7 +370,10 @@ def oracle(case: Case, segments: list[tuple[int, int | None]]) -> dict[str, Any]
                     scheduler.step()
                 if runs[0][1] is not None and runs[0][1] == step and not passes:
                     runs.pop(0)
-                    stopped = True
+                    # An elastic reset at a pass's last step came after the pass ended (a
+                    # commit is taken at the next batch): the epoch is over, its drop_last
+                    # tail left out. A save there was inside the pass: it goes on.
+                    stopped = not (case.elastic_kill and k == len(per_rank[0]) - 1)
                     break
         if passes:
             optimizer_step()
