@@ -348,9 +348,7 @@ class TorchAdapter(Adapter):
         # The groups' hyperparameters beside the scheduler that sets them: a reset that keeps
         # the scheduler's state as it is keeps the LR it set with it.
         scheduler = self.scheduler.state_dict() if self.scheduler is not None else None
-        groups = [
-            {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
-        ]
+        groups = _hyperparameters(self.optimizer)
         return copy.deepcopy(
             {"position": self.position.state_dict(), "scheduler": scheduler, "groups": groups}
         )
@@ -370,10 +368,7 @@ class TorchAdapter(Adapter):
         (:meth:`take_scheduler`); building it sets the groups' LR and momentum to its start,
         so the resumed ones are kept too."""
         self.scheduler_state = state
-        groups = self.optimizer.param_groups
-        self.resumed_groups = copy.deepcopy(
-            [{k: v for k, v in g.items() if k != "params"} for g in groups]
-        )
+        self.resumed_groups = copy.deepcopy(_hyperparameters(self.optimizer))
 
     def take_scheduler(self, scheduler: Any) -> None:
         """An LR scheduler built after setup: saved in the checkpoints from now on, and given
@@ -395,6 +390,11 @@ class TorchAdapter(Adapter):
 
     def _broadcast_object(self, obj: Any) -> Any:
         return hvd.broadcast_object(obj, self.config.root_rank, name="hvdkit.object")
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's settings (LR, momentum, weight decay...) without its parameters."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
 
 
 def _on_host(value: Any) -> Any:
