@@ -20,15 +20,27 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
 
-def train(checkpoint: Path, *extra: str, popen: bool = False):
-    argv = [HVDKIT, "run", "-np", "2", "--gloo", "--", sys.executable,
+def train(checkpoint: Path, *extra: str, popen: bool = False, run_options=(), env=None):
+    argv = [HVDKIT, "run", "-np", "2", "--gloo", *run_options, "--", sys.executable,
             str(WORKERS / "torch_worker.py"), "train", "--epochs", "4",
             "--checkpoint", str(checkpoint), *extra]  # fmt: skip
     if popen:
         return subprocess.Popen(argv, cwd=ROOT, text=True, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     return subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+
+
+def slurm_requeue_that_kills(bin_dir: Path) -> dict:
+    """An ``scontrol`` that does what Slurm does on ``scontrol requeue`` of a running batch job
+    (it ends the batch script, hvdkit run here, with SIGTERM), before it returns; the
+    environment of a Slurm job that runs it."""
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/asked"\n'
+                        'kill -TERM "$PPID"\nsleep 1\n')  # fmt: skip
+    scontrol.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
 
 
 def finished(out: subprocess.CompletedProcess) -> dict:
@@ -40,12 +52,18 @@ def finished(out: subprocess.CompletedProcess) -> dict:
 
 def test_a_signal_on_one_rank_stops_all_at_one_step_and_resume_matches(tmp_path):
     """SIGUSR1 to rank 1 alone after step 5 (of 16, 4 per epoch; 0.2 s a step): both ranks
-    checkpoint at the same later step, mid-training; the second run skips the batches done
-    in that epoch and ends bit-identical to an uninterrupted run."""
+    checkpoint at the same later step, mid-training, and ``--requeue`` requeues the Slurm job;
+    the second run skips the batches done in that epoch and ends bit-identical to an
+    uninterrupted run."""
     reference = finished(train(tmp_path / "ref" / "ckpt.pt"))
     assert reference["steps"] == 16
-    stopped = train(tmp_path / "job" / "ckpt.pt", "--signal-at", "5", "--step-delay", "0.2")
+    env = slurm_requeue_that_kills(tmp_path / "bin")
+    stopped = train(tmp_path / "job" / "ckpt.pt", "--signal-at", "5", "--step-delay", "0.2",
+                    run_options=["--requeue"], env=env)  # fmt: skip
     assert stopped.returncode == 75, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    # Slurm's SIGTERM that the requeue brings does not cut the line that says so.
+    assert (tmp_path / "bin" / "asked").read_text() == "requeue 4242\n"
+    assert "hvdkit run: requeued Slurm job 4242 (`scontrol requeue 4242`)" in stopped.stderr
     assert "RESULT" not in stopped.stdout  # no rank went on past the checkpoint
     where = re.search(r"hvdkit: preempted \(SIGUSR1\) at epoch \d, batch \d \(step (\d+)\): "
                       r"checkpoint ", stopped.stdout)  # fmt: skip

@@ -235,7 +235,7 @@ def execute(
         print(f"hvdkit run: the job checkpointed and every rank stopped; exit "
               f"{preempt.EXIT_CODE}", file=sys.stderr, flush=True)  # fmt: skip
         if requeue:
-            print(f"hvdkit run: {preemption.requeue(os.environ)}", file=sys.stderr, flush=True)
+            _requeue()
         return preempt.EXIT_CODE
     if code != 0 and warned.name:
         print(f"hvdkit run: stopped by {warned.name} (no hvdkit session checkpointed: give "
@@ -288,6 +288,20 @@ class _Warning:
             except subprocess.TimeoutExpired:
                 if self.name is not None and time.monotonic() - self.at > PREEMPT_GRACE_S:
                     raise KeyboardInterrupt from None
+
+
+def _requeue() -> None:
+    """``scontrol requeue`` this Slurm job and say what happened.
+
+    The requeue has Slurm end this batch script at once (SIGTERM, then SIGKILL KillWait
+    later): SIGTERM is ignored until the line is printed, or the log would not say it."""
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main else None
+    try:
+        print(f"hvdkit run: {preemption.requeue(os.environ)}", file=sys.stderr, flush=True)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
