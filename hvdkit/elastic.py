@@ -268,8 +268,12 @@ class SessionElastic:
         self.set_position(self.broadcast_object(self.position()))
 
     def sync(self) -> None:
+        # Rank 0's position as it is before the state's broadcast: loading an optimizer state
+        # (ZeRO's, cut anew for the new world) sets the groups' LR to the snapshot's, which
+        # a reset between passes has moved on from (the script's epoch-end scheduler step).
+        position = self.position()
         self.adapter._resume(read_checkpoint=False)
-        self.sync_position()
+        self.set_position(self.broadcast_object(position))
 
     def step_done(self) -> bool:
         """After an optimizer step: whether a commit is due (every ``commit_every`` steps)."""

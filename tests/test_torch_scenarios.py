@@ -27,6 +27,7 @@ from scenario_harness import commit_seed, records, report, watched
 from torch_scenarios import Case, cases, check, check_elastic, elastic_cases
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+ELASTIC_COUNT = int(os.environ.get("HVDKIT_ELASTIC_SCENARIOS", "1"))
 CASE_TIMEOUT = 180  # seconds without a case's end: the job is stopped and the case named
 HVDKIT = str(Path(sys.executable).parent / "hvdkit")
 
@@ -129,6 +130,16 @@ REGRESSIONS = {
         optimizer="rmsprop", samples=22, batch=2, drop_last=True, loop="range", epochs=6,
         elastic_kill=5,
     ),  # fmt: skip
+    # the worker lost between passes: in the validation pass after an epoch (its loss's
+    # session.average fails, after the script's StepLR step), before the next pass's first
+    # commit; and found by the generator (seed 2): with ZeRO, a layer unfrozen at the second
+    # epoch, the joiner (the script from its top: still frozen at the sync) cut the optimizer
+    # state to other parameters than rank 0 (the first step failed in the reduce-scatter)
+    "elastic_kill_in_validation_zero_unfreeze": Case(
+        optimizer="sgd_momentum", frozen=True, unfreeze=True, shard=True, scheduler="steplr",
+        samples=24, batch=3, loop="range", validation="after", epochs=6, elastic_kill=5,
+        elastic_kill_in="validation",
+    ),  # fmt: skip
     # accumulation with model.zero_grad() in the loop dropped the first passes
     "accumulate_model_zero_grad": Case(accumulate=2, zero_grad="model", shard=True),
 }
@@ -222,12 +233,12 @@ def test_generated_scenarios_train_like_one_process(tmp_path):
     assert not failed, report(scenarios, problems, seed)
 
 
-@pytest.mark.parametrize("number", range(int(os.environ.get("HVDKIT_ELASTIC_SCENARIOS", "1"))))
+@pytest.mark.parametrize("number", range(ELASTIC_COUNT))
 def test_generated_elastic_kills_train_like_one_process(tmp_path, number):
     """Generated cases with an elastic kill, a job each (the rejoined worker starts the script
     anew), seeded by the commit like the others."""
     seed = commit_seed()
-    case = elastic_cases(seed, number + 1)[number]
+    case = elastic_cases(seed, ELASTIC_COUNT)[number]  # one list: no case twice
     print(f"scenario seed {seed}, elastic case {number}: {case}")
     problems = run_elastic(case, tmp_path)
     assert not problems, report([case], [problems], seed)

@@ -58,6 +58,9 @@ class Case:
     stop: str = "save"  # "save": save() with the defaults, stop; "preempt": SIGUSR1 to rank 0
     size: int = 2  # ranks of the first run
     elastic_kill: int = 0  # >0: an elastic session on two hosts, one killed -9 at this step
+    # "validation": killed in the first validation pass after that step instead (between
+    # passes, with validation="after"), where no training collective is under way
+    elastic_kill_in: str = "training"
     resume_size: int = 0  # ranks of the resumed run (0: the same, in the same processes)
     epochs: int = 2
 
@@ -79,11 +82,15 @@ def elastic_cases(seed: int, count: int) -> list[Case]:
     starts the script anew): no stop and resume (elastic sessions recover instead), no group
     added after setup (a joiner adds it after the state it joins with), two ranks, six epochs
     so that the killed host is back before the end."""
-    out = []
+    out: list[Case] = []
     for case in reversed(cases(seed, count * 4)):  # Hypothesis draws the simplest first
+        # Every other case with a validation loader (by the seed, so that CI's one case
+        # varies too) loses its worker in a validation pass.
+        odd = (seed + len(out)) % 2
+        where = "validation" if case.validation != "none" and odd else "training"
         case = Case(**{**asdict(case), "resume_at": 0, "resume_size": 0, "size": 2,
                        "late_group": False, "workers": 0, "epochs": 6,
-                       "elastic_kill": 5})  # fmt: skip
+                       "elastic_kill": 5, "elastic_kill_in": where})  # fmt: skip
         # Enough steps after the kill at step 5 for the killed host to be back (a cooldown
         # of 1-2 s and a new process, at 0.3 s a step) before training ends.
         steps = case.epochs * -(-batches_per_epoch(case, 2) // case.accumulate)
@@ -430,6 +437,8 @@ def check(case: Case, runs: list[dict[int, dict[str, Any]]]) -> list[str]:
     if len({json.dumps(v["weights"]) for v in final.values()}) != 1:
         problems.append("the ranks' weights differ")
     for size, ranks in zip(sizes, runs, strict=True):
+        if len({json.dumps(v["averages"]) for v in ranks.values()}) != 1:
+            problems.append(f"the validation losses session.average gave differ at {size} ranks")
         lens = {n for v in ranks.values() for n in v["lens"]}
         if lens != {batches_per_epoch(case, size)}:
             problems.append(f"len(loader) at {size} ranks {sorted(lens)}, "

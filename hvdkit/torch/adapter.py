@@ -226,6 +226,8 @@ class TorchAdapter(Adapter):
         broadcast_parameters(
             [(n, p.detach()) for n, p in self.named_outside()], self.config.root_rank
         )
+        if self.config.elastic:
+            self._take_trainable()
         if self.config.shard_optimizer:
             # Every rank keeps its slice of the root's whole state (None: nothing resumed),
             # cut for the world as it is now (after an elastic reset, a new one).
@@ -238,6 +240,16 @@ class TorchAdapter(Adapter):
                 self.resumed_optimizer = None
         else:
             broadcast_optimizer_state(self.optimizer, self.config.root_rank)
+
+    def _take_trainable(self) -> None:
+        """Rank 0's ``requires_grad`` on every parameter. A worker joining an elastic job runs
+        the script from its top, so a layer the script unfroze (or froze) since is not yet
+        so there; it is before the optimizer state is cut to the trainable ones (ZeRO's
+        buffers hold those only), and whether or not the script's code would do it again."""
+        params = [*self.model.parameters(), *self.outside()]
+        flags = self._broadcast_object([p.requires_grad for p in params])
+        for p, trainable in zip(params, flags, strict=True):
+            p.requires_grad_(trainable)
 
     def _resume_info(self, state: dict[str, Any]) -> dict[str, Any]:
         info = {k: state[k] for k in ("step", "epoch", "extra", "scheduler", "rng")}

@@ -93,7 +93,11 @@ class _EpochLoader:
         self.open = True
         try:
             while True:
-                if drives:  # the last pass's commit, after the script's epoch-end code
+                # The last pass's commit, after the script's epoch-end code: at the training
+                # loader's next pass only. Where a joining worker meets the others, they must
+                # go on as it does (its script's loop from the top: to the next batch); a
+                # validation pass between them would leave them in its collectives.
+                if session._owner is self:
                     session._commit_if_due()
                 generation = elastic.generation if elastic is not None else 0
                 self.batch_samples = (self.loader.batch_size or 1) * session.size
@@ -116,7 +120,7 @@ class _EpochLoader:
                         session._stop_if_due()
                     session._current, yielded = self, True
                     yield batch
-                    if drives:  # the script's step is over: its scheduler has stepped
+                    if session._owner is self:  # the step is over: its scheduler has stepped
                         session._commit_if_due()
                     if elastic is not None and elastic.generation != generation:
                         if drives:

@@ -76,18 +76,26 @@ class Script:
         self.length = len(self.loader)  # before the first pass: what a scheduler is built from
 
     def validate(self, ledger: dict[str, Any]) -> None:
+        """A validation pass; its loss averaged over the ranks as Horovod's examples do (an
+        elastic case's lost worker makes that collective fail here, between steps)."""
         rows: list[int] = []
+        total = 0.0
         with torch.no_grad():
             for x, y, index in self.validation:
-                loss_of(self.session.model, self.scale, x, y)
+                if self.case.elastic_kill_in == "validation":
+                    kill_if_due(self.case, self.session, self.session.step_count)
+                total += loss_of(self.session.model, self.scale, x, y).item() * len(index)
                 rows += index.tolist()
         ledger["validated"].append(rows)
+        ledger["averages"].append(self.session.average(total, len(rows), name="validation"))
 
 
 def run_case(case: Case, workdir: Path, resume: bool) -> dict[str, Any]:
     """One case's first run (``resume`` False: to the end, resuming in the same processes
     after its save when the size stays) or its resumed run at another size."""
-    ledger: dict[str, Any] = {"trained": {}, "validated": [], "lens": [], "resets": []}
+    ledger: dict[str, Any] = {
+        "trained": {}, "validated": [], "averages": [], "lens": [], "resets": [],
+    }  # fmt: skip
     checkpoint = workdir / "ckpt.pt" if case.resume_at else None
     if not resume and checkpoint is not None:
         if checkpoint.exists() and hvd.rank() == 0:
@@ -170,20 +178,26 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
 
 def elastic_events(case: Case, session: Any, ledger: dict[str, Any], generation: int) -> int:
     """Before a batch of an elastic case: a reset since the last one is logged ([step it went
-    back to, size]); the worker on the second host kills itself (-9) at ``elastic_kill``,
-    once (a marker file says it happened); each step takes 0.3 s, so the killed host is back
-    before training ends."""
+    back to, size]); the worker on the second host may be killed (:func:`kill_if_due`); each
+    step takes 0.3 s, so the killed host is back before training ends."""
     if session._elastic.generation != generation:
         generation = session._elastic.generation
         ledger["resets"].append([session.step_count, session.size])
-    marker = Path(os.environ["SCENARIO_KILL_MARKER"])
-    second_host = os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
     at_kill = session.step_count == case.elastic_kill and not session.position.micro_step
-    if at_kill and second_host and not marker.exists():
-        marker.write_text(json.dumps({"step": case.elastic_kill}))
-        os.kill(os.getpid(), signal.SIGKILL)
+    if case.elastic_kill_in == "training" and at_kill:
+        kill_if_due(case, session, case.elastic_kill)
     time.sleep(0.3)
     return generation
+
+
+def kill_if_due(case: Case, session: Any, step: int) -> None:
+    """The worker on the second host kills itself (-9) once (a marker file says it happened),
+    from ``elastic_kill`` on."""
+    marker = Path(os.environ["SCENARIO_KILL_MARKER"])
+    second_host = os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
+    if step >= case.elastic_kill and second_host and not marker.exists():
+        marker.write_text(json.dumps({"step": step, "in": case.elastic_kill_in}))
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main() -> None:
