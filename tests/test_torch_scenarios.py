@@ -199,7 +199,7 @@ def run_elastic(case: Case, tmp_path: Path) -> list[str]:
     spec = tmp_path / "elastic.json"
     spec.write_text(json.dumps([{"id": 0, "case": asdict(case), "resume": False}]))
     argv = [HVDKIT, "run", "--hostfile", str(hostfile), "--min-np", "1", "--max-np", "2",
-            "--blacklist-cooldown-range", "1", "2", "--", sys.executable,
+            "--blacklist-cooldown-range", "1", "2", "--on-stall", "stop", "--", sys.executable,
             str(WORKERS / "torch_scenario_worker.py"), str(spec), str(tmp_path)]  # fmt: skip
     out = subprocess.run(argv, cwd=ROOT, text=True, capture_output=True, timeout=300,
                          stdin=subprocess.DEVNULL,

@@ -155,7 +155,10 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
             session.backward_and_step(loss, **options)
             if case.scheduler == "onecycle":
                 scheduler.step()
-            if case.validation == "inside" and k % 2 == 1:
+            # Every second batch, counted by the session (a worker that joins an elastic job
+            # starts its own `k` at 0: by that, its collectives would not pair with rank 0's).
+            done = session.step_count * case.accumulate + session.position.micro_step
+            if case.validation == "inside" and done % 2 == 0:
                 script.validate(ledger)
             if (
                 save_after
