@@ -140,6 +140,12 @@ REGRESSIONS = {
         samples=24, batch=3, loop="range", validation="after", epochs=6, elastic_kill=5,
         elastic_kill_in="validation",
     ),  # fmt: skip
+    # a training loader made anew each epoch (the pass-end commit at its first pass, not at
+    # the validation pass before it: there a joining worker trained while rank 0 validated)
+    "elastic_kill_loader_per_epoch": Case(
+        optimizer="adam", scheduler="steplr", samples=24, batch=3, loop="range",
+        validation="after", epochs=6, elastic_kill=5, loader_per_epoch=True,
+    ),  # fmt: skip
     # accumulation with model.zero_grad() in the loop dropped the first passes
     "accumulate_model_zero_grad": Case(accumulate=2, zero_grad="model", shard=True),
 }

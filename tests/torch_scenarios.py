@@ -51,6 +51,7 @@ class Case:
     drop_last: bool = False
     shuffle: bool = True
     workers: int = 0  # the training loader's worker processes
+    loader_per_epoch: bool = False  # the training loader made anew at each epoch's start
     validation: str = "none"  # "none", "inside" (every 2 batches), "after" (each epoch)
     exact_validation: bool = False  # shard(..., shuffle=False, pad=False): each sample once
     loop: str = "epochs"  # "epochs": session.epochs(n); "range": for epoch in range(...)
@@ -130,6 +131,7 @@ def cases(seed: int, count: int) -> list[Case]:
         # Loader worker processes only in campaigns (make fuzz): a CI run under load once
         # timed out in a job holding such a case (not reproduced in 3 reruns alone).
         workers=st.sampled_from([0, 0, 0, 0, 0, 2] if os.environ.get(FUZZ_WORKERS) else [0]),
+        loader_per_epoch=st.booleans(),
         validation=st.sampled_from(["none", "inside", "after"]),
         exact_validation=st.booleans(),
         loop=st.sampled_from(["epochs", "range"]),

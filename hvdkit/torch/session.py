@@ -93,11 +93,7 @@ class _EpochLoader:
         self.open = True
         try:
             while True:
-                # The last pass's commit, after the script's epoch-end code: at the training
-                # loader's next pass only. Where a joining worker meets the others, they must
-                # go on as it does (its script's loop from the top: to the next batch); a
-                # validation pass between them would leave them in its collectives.
-                if session._owner is self:
+                if session._trains(self):  # the last pass's, after the epoch-end code
                     session._commit_if_due()
                 generation = elastic.generation if elastic is not None else 0
                 self.batch_samples = (self.loader.batch_size or 1) * session.size
@@ -120,7 +116,7 @@ class _EpochLoader:
                         session._stop_if_due()
                     session._current, yielded = self, True
                     yield batch
-                    if session._owner is self:  # the step is over: its scheduler has stepped
+                    if session._trains(self):  # the step is over: its scheduler has stepped
                         session._commit_if_due()
                     if elastic is not None and elastic.generation != generation:
                         if drives:
@@ -221,6 +217,17 @@ class Session:
         if self._owner is not None and self._owner.open:
             return False
         return not any(other.open for other in self._loaders if other is not loader)
+
+    def _trains(self, loader: _EpochLoader) -> bool:
+        """Whether ``loader``'s pass is the training loop's: the training loader's, or that of
+        one made anew over its dataset (each epoch). Elastic commits are taken there only: a
+        worker that joins at a commit runs its script's loop from the top, to the next
+        training batch, so the others must go on to it too; taken at a validation pass after
+        the epoch, they would wait in its collectives while the new worker trains."""
+        owner = self._owner
+        if owner is None or owner is loader:
+            return owner is loader
+        return self._drives(loader) and loader.loader.dataset is owner.loader.dataset
 
     def _begin_pass(self, loader: _EpochLoader) -> None:
         if self._adapter.legacy_batches:  # a checkpoint from before positions (hvdkit-torch-1)

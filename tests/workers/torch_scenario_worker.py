@@ -65,15 +65,19 @@ class Script:
             compression=case.compression, elastic=case.elastic_kill > 0, commit_every=3,
         )  # fmt: skip
         late_group(case, self.session.optimizer, self.scale)
-        self.loader = self.session.shard(
-            Indexed(case.samples), batch_size=case.batch, drop_last=case.drop_last,
-            shuffle=case.shuffle, num_workers=case.workers,
-        )  # fmt: skip
+        self.data = Indexed(case.samples)
+        self.loader = self.training_loader()
         exact = {"shuffle": False, "pad": False} if case.exact_validation else {}
         self.validation = self.session.shard(
             Indexed(VALIDATION, seed=7), batch_size=case.batch, **exact
         )
         self.length = len(self.loader)  # before the first pass: what a scheduler is built from
+
+    def training_loader(self) -> Any:
+        return self.session.shard(
+            self.data, batch_size=self.case.batch, drop_last=self.case.drop_last,
+            shuffle=self.case.shuffle, num_workers=self.case.workers,
+        )  # fmt: skip
 
     def validate(self, ledger: dict[str, Any]) -> None:
         """A validation pass; its loss averaged over the ranks as Horovod's examples do (an
@@ -139,6 +143,8 @@ def run_epochs(script: Script, scheduler: Any, ledger: dict[str, Any], save_afte
     generation = 0
     for epoch in epochs:
         unfreeze(case, script.model, epoch)
+        if case.loader_per_epoch:
+            script.loader = script.training_loader()
         for k, (x, y, index) in enumerate(script.loader):
             if case.elastic_kill:
                 generation = elastic_events(case, session, ledger, generation)
