@@ -242,10 +242,10 @@ class TorchAdapter(Adapter):
             broadcast_optimizer_state(self.optimizer, self.config.root_rank)
 
     def _take_trainable(self) -> None:
-        """Rank 0's ``requires_grad`` on every parameter. A worker joining an elastic job runs
-        the script from its top, so a layer the script unfroze (or froze) since is not yet
-        so there; it is before the optimizer state is cut to the trainable ones (ZeRO's
-        buffers hold those only), and whether or not the script's code would do it again."""
+        """Rank 0's ``requires_grad`` on every parameter, before the optimizer state is cut to
+        the trainable ones (ZeRO's buffers hold those only). A worker joining an elastic job
+        runs the script from its top: a layer the script has unfrozen (or frozen) since is not
+        yet so there, and the script's code need not do it again."""
         params = [*self.model.parameters(), *self.outside()]
         flags = self._broadcast_object([p.requires_grad for p in params])
         for p, trainable in zip(params, flags, strict=True):

@@ -116,7 +116,7 @@ class _EpochLoader:
                         session._stop_if_due()
                     session._current, yielded = self, True
                     yield batch
-                    if session._trains(self):  # the step is over: its scheduler has stepped
+                    if session._owner is self:  # the step is over: its scheduler has stepped
                         session._commit_if_due()
                     if elastic is not None and elastic.generation != generation:
                         if drives:
@@ -226,7 +226,7 @@ class Session:
         the epoch, they would wait in its collectives while the new worker trains."""
         owner = self._owner
         if owner is None or owner is loader:
-            return owner is loader
+            return owner is not None
         return self._drives(loader) and loader.loader.dataset is owner.loader.dataset
 
     def _begin_pass(self, loader: _EpochLoader) -> None:

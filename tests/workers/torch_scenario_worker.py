@@ -87,7 +87,7 @@ class Script:
         with torch.no_grad():
             for x, y, index in self.validation:
                 if self.case.elastic_kill_in == "validation":
-                    kill_if_due(self.case, self.session, self.session.step_count)
+                    kill_if_due(self.case, self.session)
                 total += loss_of(self.session.model, self.scale, x, y).item() * len(index)
                 rows += index.tolist()
         ledger["validated"].append(rows)
@@ -194,18 +194,18 @@ def elastic_events(case: Case, session: Any, ledger: dict[str, Any], generation:
         ledger["resets"].append([session.step_count, session.size])
     at_kill = session.step_count == case.elastic_kill and not session.position.micro_step
     if case.elastic_kill_in == "training" and at_kill:
-        kill_if_due(case, session, case.elastic_kill)
+        kill_if_due(case, session)
     time.sleep(0.3)
     return generation
 
 
-def kill_if_due(case: Case, session: Any, step: int) -> None:
+def kill_if_due(case: Case, session: Any) -> None:
     """The worker on the second host kills itself (-9) once (a marker file says it happened),
-    from ``elastic_kill`` on."""
+    from step ``elastic_kill`` on."""
     marker = Path(os.environ["SCENARIO_KILL_MARKER"])
     second_host = os.environ.get("HOROVOD_HOSTNAME") == "127.0.0.1"
-    if step >= case.elastic_kill and second_host and not marker.exists():
-        marker.write_text(json.dumps({"step": step, "in": case.elastic_kill_in}))
+    if session.step_count >= case.elastic_kill and second_host and not marker.exists():
+        marker.write_text(json.dumps({"step": session.step_count, "in": case.elastic_kill_in}))
         os.kill(os.getpid(), signal.SIGKILL)
 
 
