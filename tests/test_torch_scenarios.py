@@ -191,8 +191,12 @@ def run_job(size: int, items: list[dict], tmp_path: Path) -> list:
                          for r in range(size)}  # fmt: skip
                 out_items.append((item, error))
                 break
-            out_items.append((item, by_id[item["id"]]))
-            raised = any(v.get("error") for v in by_id[item["id"]].values())
+            ranks = by_id[item["id"]]
+            raised = any(v.get("error") for v in ranks.values())
+            if raised:  # a rank that died without a record: what hvdkit run saw of it
+                ranks.update({r: {"error": f"no record; the job's stderr ends: {stderr[-2000:]}"}
+                              for r in range(size) if r not in ranks})  # fmt: skip
+            out_items.append((item, ranks))
     return out_items
 
 
