@@ -254,7 +254,12 @@ class Session:
 
     def _end_pass(self) -> None:
         if self._in_epochs:
-            self.position.samples = 0  # epochs() ends the epoch
+            self.position.samples = 0  # epochs() ends the epoch, and commits
+            if self._elastic is not None:
+                # A worker lost before that commit (in a validation pass) must not take the
+                # ranks back to the last commit inside this pass: nothing would train the
+                # steps since it again (found by the scenario generator: a step short).
+                self._elastic.save_at_pass_end()
             return
         self.position.end_epoch()  # a plain loop: the next pass is the next epoch
         if self._elastic is not None:
