@@ -287,11 +287,11 @@ class SessionElastic:
         self.since_commit, self.between_passes = 0, False
 
     def save_at_pass_end(self) -> None:
-        """At the end of a plain loop's pass over the data: saved (no collective), so that a
-        reset does not go back into the epoch the script's loop has left; the commit (and the
-        check for added workers) waits for the next pass, after the script's epoch-end code
-        (a scheduler's step: a worker joining before it would start without it). Until then
-        nothing trains, and a reset keeps the position and scheduler as they are then."""
+        """At the end of the training pass over the data: saved (no collective), so that a
+        reset does not go back into the pass; the commit (and the check for added workers)
+        waits for the next pass or ``epochs()``'s epoch end, after the script's epoch-end
+        code (a scheduler's step: a worker joining before it would start without it). Until
+        then nothing trains, and a reset keeps the position and scheduler as they are then."""
         self.state.save()
         self.since_commit, self.between_passes = 0, True
 

@@ -254,22 +254,20 @@ class Session:
 
     def _end_pass(self) -> None:
         if self._in_epochs:
-            self.position.samples = 0  # epochs() ends the epoch, and commits
-            if self._elastic is not None:
-                # A worker lost before that commit (in a validation pass) must not take the
-                # ranks back to the last commit inside this pass: nothing would train the
-                # steps since it again (found by the scenario generator: a step short).
-                self._elastic.save_at_pass_end()
+            self.position.samples = 0  # epochs() ends the epoch, and commits after its code
+        else:
+            self.position.end_epoch()  # a plain loop: the next pass is the next epoch
+        if self._elastic is None:
             return
-        self.position.end_epoch()  # a plain loop: the next pass is the next epoch
-        if self._elastic is not None:
-            # Saved here, as epochs() commits at each epoch end: a reset in the next pass
-            # must not go back into this epoch, which the script's own loop (a
-            # `for epoch in range(n)`) has left and cannot run again; the ranks would then
-            # count their epochs differently (found by the scenario generator). Committed
-            # when the next pass starts, after the script's epoch-end code.
-            self._elastic.save_at_pass_end()
-            self._commit_due = True
+        # Saved here: a worker lost before the next commit (in a validation pass, in the
+        # script's epoch-end code) must not take the ranks back to the last commit inside
+        # this pass. With epochs(), nothing would train the steps since it again (a step
+        # short); with the script's own `for epoch in range(n)`, which has left the epoch,
+        # the ranks would count their epochs differently (both found by the scenario
+        # generator).
+        self._elastic.save_at_pass_end()
+        if not self._in_epochs:
+            self._commit_due = True  # when the next pass starts, after the epoch-end code
 
     def _stop_if_preempted(self) -> None:
         """After each step: whether the ranks agree that a SIGTERM/SIGUSR1 arrived on any of
