@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from budget import BUDGETED, order, over_budget
 
-BENCH = "tests/test_bench.py::test_quick_run_reports_every_section_but_memory"
+BENCH = "tests/test_bench.py::test_quick_run_reports_keras_on_every_backend"
 
 
 def test_order_puts_the_core_first_and_the_image_tests_last():

@@ -6,6 +6,8 @@ a cached wheel, then install and verify it. The decisions are made by the pure m
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -14,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,9 +47,28 @@ class BuildResult:
     seconds: float
 
 
+PIP_LOCK = ".hvdkit-pip.lock"
+"""A file in the environment that every pip run of the builder holds: another pip run that
+takes it too (``flock VENV/.hvdkit-pip.lock pip ...``, as CI installs its test tools beside
+the compile) never writes into the environment at the same moment."""
+
+
+@contextlib.contextmanager
+def _pip_lock() -> Iterator[None]:
+    try:
+        lock = open(Path(sys.prefix) / PIP_LOCK, "a")
+    except OSError:  # an environment this user cannot write to: nobody else installs there
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _pip(*args: str, log_file: Path | None = None) -> None:
     argv = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
-    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    with _pip_lock():
+        out = subprocess.run(argv, capture_output=True, text=True, check=False)
     if log_file is not None:
         with log_file.open("a") as fh:
             fh.write(f"$ {' '.join(argv)}\n{out.stdout}{out.stderr}\n")
