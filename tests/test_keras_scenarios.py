@@ -95,6 +95,10 @@ def run_job(items: list[dict], where: Path, env: dict) -> list:
         stdout, stderr, hung = watched(argv, env, CASE_TIMEOUT)
         by_id = records(stdout, "CASE ")
         done = [item for item in rest[: len(by_id)] if item["id"] in by_id]
+        lost = {"error": f"no record; the job's stderr ends: {stderr[-2000:]}"}
+        for item in done:  # a rank that died without a record: what hvdkit run saw of it
+            ranks = by_id[item["id"]]
+            ranks.update({r: lost for r in range(SIZE) if r not in ranks})
         out_items += [(item["id"], by_id[item["id"]]) for item in done]
         if len(done) < len(rest) and rest[len(done)]["id"] not in by_id:
             why = f"no result within {CASE_TIMEOUT} s (hung)" if hung else "no result"
