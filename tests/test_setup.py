@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdkit.horovod_build import builder
 from hvdkit.horovod_build.remedies import KNOWN_FAILURES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,3 +312,21 @@ def test_make_stack_installs_the_pins_of_the_frameworks_asked_for(
     for pin in left_out:
         assert not any(p.startswith(pin) for p in pins), (pin, pins)
     assert any(p.startswith("pytest==") for p in pins)  # untagged lines are always kept
+
+
+def test_the_builders_pip_waits_for_another_pip_run_holding_the_venvs_lock(tmp_path, monkeypatch):
+    """CI installs the tests' tools beside Horovod's compile under ``flock VENV/.hvdkit-pip.lock``:
+    the builder's own pip runs wait for it, so two never write into the venv at once; where
+    the environment cannot hold the lock file, the builder runs pip without it."""
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    holder = subprocess.Popen(
+        ["flock", str(tmp_path / builder.PIP_LOCK), "sh", "-c", "echo held; sleep 3"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    start = time.monotonic()
+    builder._pip("--version")
+    assert time.monotonic() - start > 2  # it began only once the holder let go
+    assert holder.wait(10) == 0
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "not" / "here"))
+    builder._pip("--version")
