@@ -42,6 +42,13 @@ def records(stdout: str, tag: str = "CASE ") -> dict[int, dict[int, dict]]:
     return found
 
 
+def name_lost_ranks(ranks: dict[int, dict], size: int, stderr: str) -> None:
+    """Give each of the ``size`` ranks missing from a case's ``ranks`` an error: it died
+    without a record, and the end of the job's stderr is what ``hvdkit run`` saw of it."""
+    lost = {"error": f"no record; the job's stderr ends: {stderr[-2000:]}"}
+    ranks.update({r: lost for r in range(size) if r not in ranks})
+
+
 def report(scenarios: list[Any], problems: list[list[str]], seed: int | None = None) -> str:
     """Each failing case, its problems and its one-line reproducer."""
     lines = []

@@ -35,7 +35,7 @@ from keras_scenarios import (
     pass_counts,
     train_rows,
 )
-from scenario_harness import commit_seed, records, report, watched
+from scenario_harness import commit_seed, name_lost_ranks, records, report, watched
 
 COUNT = int(os.environ.get("HVDKIT_SCENARIOS", "15"))  # generated cases per backend
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(700 + 30 * COUNT)]
@@ -95,10 +95,8 @@ def run_job(items: list[dict], where: Path, env: dict) -> list:
         stdout, stderr, hung = watched(argv, env, CASE_TIMEOUT)
         by_id = records(stdout, "CASE ")
         done = [item for item in rest[: len(by_id)] if item["id"] in by_id]
-        lost = {"error": f"no record; the job's stderr ends: {stderr[-2000:]}"}
-        for item in done:  # a rank that died without a record: what hvdkit run saw of it
-            ranks = by_id[item["id"]]
-            ranks.update({r: lost for r in range(SIZE) if r not in ranks})
+        for item in done:
+            name_lost_ranks(by_id[item["id"]], SIZE, stderr)
         out_items += [(item["id"], by_id[item["id"]]) for item in done]
         if len(done) < len(rest) and rest[len(done)]["id"] not in by_id:
             why = f"no result within {CASE_TIMEOUT} s (hung)" if hung else "no result"

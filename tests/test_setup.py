@@ -132,6 +132,8 @@ def _copy_checkout(dest: Path) -> None:
             shutil.copy2(ROOT / rel, dest / rel)
 
 
+SITE = Path(sysconfig.get_paths()["purelib"])
+"""This venv's site-packages."""
 NOT_LINKED = ("horovod", "horovod-", "hvdkit-", "__editable__.hvdkit-", "__editable___hvdkit_")
 """What a fresh checkout's ``make setup`` must install itself: Horovod (from the cache) and
 hvdkit (editable, from that checkout)."""
@@ -143,14 +145,12 @@ def _venv_with_this_stack(venv: Path) -> None:
     finds them installed. Every file ``make setup`` writes is a new one (pip and Python
     replace files, never write into them), so this venv's files stay as they are."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    ours = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    theirs = venv / ours.relative_to(sys.prefix)
     entries = [
         str(e)
-        for e in (ours / "site-packages").iterdir()
+        for e in SITE.iterdir()
         if not e.name.startswith(NOT_LINKED) and e.name != "__pycache__"
     ]
-    subprocess.run(["cp", "-al", *entries, str(theirs / "site-packages")], check=True)
+    subprocess.run(["cp", "-al", *entries, str(venv / SITE.relative_to(sys.prefix))], check=True)
 
 
 @pytest.mark.slow
@@ -178,8 +178,8 @@ def test_fresh_checkout_reuses_cached_wheel(tmp_path):
         capture_output=True, text=True, check=True, cwd=tmp_path,
     ).stdout  # fmt: skip
     assert where.startswith(str(clone)), where
-    site = Path(sysconfig.get_paths()["purelib"])  # this venv's own, untouched
-    assert (site / "horovod").is_dir() and list(site.glob("__editable__*hvdkit*.pth"))
+    # this venv's own, untouched
+    assert (SITE / "horovod").is_dir() and list(SITE.glob("__editable__*hvdkit*.pth"))
     print(f"fresh checkout setup with warm cache: {took:.1f} s")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, WORKERS
-from scenario_harness import commit_seed, records, report, watched
+from scenario_harness import commit_seed, name_lost_ranks, records, report, watched
 from torch_scenarios import Case, cases, check, check_elastic, elastic_cases
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
@@ -202,9 +202,8 @@ def run_job(size: int, items: list[dict], tmp_path: Path) -> list:
                 break
             ranks = by_id[item["id"]]
             raised = any(v.get("error") for v in ranks.values())
-            if raised:  # a rank that died without a record: what hvdkit run saw of it
-                ranks.update({r: {"error": f"no record; the job's stderr ends: {stderr[-2000:]}"}
-                              for r in range(size) if r not in ranks})  # fmt: skip
+            if raised:
+                name_lost_ranks(ranks, size, stderr)
             out_items.append((item, ranks))
     return out_items
 
